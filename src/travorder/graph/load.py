@@ -1,0 +1,84 @@
+"""Reading and writing graphs in any supported format, chosen by file content.
+
+``load_graph`` looks at the bytes, not only the extension: gzip data is travorder's own
+format, a JSON object with ``nodes`` carrying ``fpgaLatency`` is the dnn-partitioning
+format, and anything else must parse as an ONNX model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from travorder.errors import FormatError
+from travorder.graph.native import graph_from_dict, load_native, save_graph
+from travorder.graph.opgraph import OpGraph
+
+GraphSource = str | os.PathLike[str] | OpGraph
+
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def sniff_format(path: str | os.PathLike[str]) -> str:
+    """Name the format of the file at ``path``: ``native``, ``dnn-partitioning`` or ``onnx``.
+
+    Raises :class:`FormatError` for a missing, empty or unreadable file.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FormatError(f"{p}: no such file")
+    if p.is_dir():
+        raise FormatError(f"{p}: is a directory, not a model file")
+    try:
+        with p.open("rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise FormatError(f"{p}: cannot read ({exc.strerror})") from None
+    if not head:
+        raise FormatError(f"{p}: empty file")
+    if head.startswith(_GZIP_MAGIC):
+        return "native"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "json"
+    return "onnx"
+
+
+def load_graph(source: GraphSource) -> OpGraph:
+    """Load an :class:`OpGraph` from a file (ONNX, travorder ``.json.gz``, dnn-partitioning
+    JSON) or return ``source`` itself if it already is one.
+
+    >>> load_graph("missing.onnx")
+    Traceback (most recent call last):
+    ...
+    travorder.errors.FormatError: missing.onnx: no such file
+    """
+    if isinstance(source, OpGraph):
+        return source
+    fmt = sniff_format(source)
+    if fmt == "native":
+        return load_native(source)
+    if fmt == "json":
+        return _load_json(Path(source))
+    from travorder.graph.onnx_import import read_onnx  # onnx is heavy: import on demand
+
+    return read_onnx(source)
+
+
+def _load_json(path: Path) -> OpGraph:
+    from travorder.graph.dnn_partitioning import from_dnn_partitioning, is_dnn_partitioning
+
+    try:
+        doc = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: not valid JSON ({exc})") from None
+    if isinstance(doc, dict) and "format" in doc:
+        return graph_from_dict(doc, str(path))
+    if is_dnn_partitioning(doc):
+        return from_dnn_partitioning(doc, source=str(path))
+    raise FormatError(
+        f"{path}: JSON that is neither a travorder graph nor a dnn-partitioning graph"
+    )
+
+
+__all__ = ["GraphSource", "load_graph", "save_graph", "sniff_format"]

@@ -1,0 +1,395 @@
+"""`OpGraph`: the one in-memory operation graph of travorder.
+
+An `OpGraph` is immutable and array-based: every per-node and per-edge attribute is a
+read-only numpy array, so the simulator and the RL loop can index it cheaply.
+networkx is used only at the edges, through :meth:`OpGraph.to_networkx` and
+:meth:`OpGraph.from_networkx`.
+
+>>> g = OpGraph.from_records(
+...     [{"name": "a", "op_type": "Conv", "flops": 10.0, "output_bytes": 4},
+...      {"name": "b", "op_type": "Relu", "flops": 1.0, "output_bytes": 4}],
+...     [("a", "b")],
+...     name="tiny",
+... )
+>>> g.n_nodes, g.n_edges, g.names[g.topo_order[0]]
+(2, 1, 'a')
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from functools import cached_property
+from types import MappingProxyType
+from typing import Any
+
+import networkx as nx
+import numpy as np
+
+from travorder.errors import GraphError
+
+#: Graph-level metadata keys every graph carries (others may be added freely).
+META_KEYS = ("name", "family", "source", "batch_size", "dtype")
+
+_NODE_FLOAT_FIELDS = ("flops", "output_bytes", "param_bytes")
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.ascontiguousarray(a)
+    a.flags.writeable = False
+    return a
+
+
+def _float_array(values: Any, n: int, field: str, default: float = 0.0) -> np.ndarray:
+    if values is None:
+        return np.full(n, default, dtype=np.float64)
+    try:
+        a = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise GraphError(f"{field} must be numbers: {exc}") from None
+    if a.shape != (n,):
+        raise GraphError(f"{field} has {a.size} values for {n} entries")
+    return a
+
+
+class OpGraph:
+    """An immutable DAG of operations with costs.
+
+    Nodes are indexed ``0..n_nodes-1``; per-node arrays are ``names``, ``op_types``,
+    ``flops`` (forward FLOPs), ``output_bytes``, ``param_bytes``, ``time_us`` (measured
+    latency, NaN where unknown), ``colocation`` (group id, -1 for none) and
+    ``is_backward``. Edges are ``src``, ``dst`` and ``edge_bytes``. ``meta`` holds the
+    graph metadata (``name``, ``family``, ``source``, ``batch_size``, ``dtype`` and any
+    importer notes such as ``unknown_shape_ops``).
+
+    Construction validates everything and raises :class:`~travorder.errors.GraphError`
+    with one clear message on the first violation: duplicate or empty names, edges out
+    of range, self-loops or duplicate edges, cycles, negative or non-finite costs.
+    """
+
+    names: np.ndarray
+    op_types: np.ndarray
+    flops: np.ndarray
+    output_bytes: np.ndarray
+    param_bytes: np.ndarray
+    time_us: np.ndarray
+    colocation: np.ndarray
+    is_backward: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    edge_bytes: np.ndarray
+    meta: Mapping[str, Any]
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        src: Sequence[int] | np.ndarray,
+        dst: Sequence[int] | np.ndarray,
+        *,
+        op_types: Sequence[str] | None = None,
+        flops: Any = None,
+        output_bytes: Any = None,
+        param_bytes: Any = None,
+        time_us: Any = None,
+        colocation: Any = None,
+        is_backward: Any = None,
+        edge_bytes: Any = None,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        names_list = [str(x) for x in names]
+        n = len(names_list)
+        if any(not x for x in names_list):
+            raise GraphError("node names must be non-empty strings")
+        if len(set(names_list)) != n:
+            seen: set[str] = set()
+            dup = next(x for x in names_list if x in seen or seen.add(x))
+            raise GraphError(f"duplicate node name {dup!r}")
+        ops = ["" if op_types is None else str(x) for x in (op_types or [None] * n)]
+        if len(ops) != n:
+            raise GraphError(f"op_types has {len(ops)} values for {n} nodes")
+
+        try:
+            src_a = np.asarray(src, dtype=np.int64).reshape(-1)
+            dst_a = np.asarray(dst, dtype=np.int64).reshape(-1)
+        except (TypeError, ValueError) as exc:
+            raise GraphError(f"edge endpoints must be node indices: {exc}") from None
+        if src_a.shape != dst_a.shape:
+            raise GraphError("src and dst must have the same length")
+        m = src_a.size
+        if m and (min(src_a.min(), dst_a.min()) < 0 or max(src_a.max(), dst_a.max()) >= n):
+            bad = int(np.flatnonzero((src_a < 0) | (src_a >= n) | (dst_a < 0) | (dst_a >= n))[0])
+            raise GraphError(
+                f"edge {bad} ({src_a[bad]} -> {dst_a[bad]}) points outside the {n} nodes"
+            )
+        if np.any(src_a == dst_a):
+            i = int(src_a[np.flatnonzero(src_a == dst_a)[0]])
+            raise GraphError(f"self-loop on node {names_list[i]!r}")
+        if m and np.unique(src_a * n + dst_a).size != m:
+            key = src_a * n + dst_a
+            _, first, counts = np.unique(key, return_index=True, return_counts=True)
+            e = int(first[np.flatnonzero(counts > 1)[0]])
+            raise GraphError(
+                f"duplicate edge {names_list[src_a[e]]!r} -> {names_list[dst_a[e]]!r}"
+            )
+
+        arrays = {f: _float_array(v, n, f) for f, v in zip(
+            _NODE_FLOAT_FIELDS, (flops, output_bytes, param_bytes), strict=True)}
+        t = _float_array(time_us, n, "time_us", default=np.nan)
+        eb = _float_array(edge_bytes, m, "edge_bytes")
+        for field, a in [*arrays.items(), ("edge_bytes", eb)]:
+            if not np.all(np.isfinite(a)) or np.any(a < 0):
+                raise GraphError(f"{field} must be finite and non-negative")
+        if np.any(t[~np.isnan(t)] < 0) or np.any(np.isinf(t)):
+            raise GraphError("time_us must be finite and non-negative (NaN for unknown)")
+        coloc = (np.full(n, -1, dtype=np.int64) if colocation is None
+                 else np.asarray(colocation, dtype=np.int64))
+        back = (np.zeros(n, dtype=bool) if is_backward is None
+                else np.asarray(is_backward, dtype=bool))
+        if coloc.shape != (n,) or back.shape != (n,):
+            raise GraphError("colocation and is_backward need one value per node")
+
+        fields = {
+            "names": np.array(names_list, dtype=str), "op_types": np.array(ops, dtype=str),
+            "flops": arrays["flops"], "output_bytes": arrays["output_bytes"],
+            "param_bytes": arrays["param_bytes"], "time_us": t, "colocation": coloc,
+            "is_backward": back, "src": src_a, "dst": dst_a, "edge_bytes": eb,
+        }
+        for field, a in fields.items():
+            object.__setattr__(self, field, _frozen(a))
+        meta_d = {k: None for k in META_KEYS}
+        meta_d.update(meta or {})
+        object.__setattr__(self, "meta", MappingProxyType(meta_d))
+        _ = self.topo_order  # raises GraphError on a cycle
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("OpGraph is immutable; use replace() to make a changed copy")
+
+    # ------------------------------------------------------------------ building
+    @classmethod
+    def from_records(
+        cls,
+        nodes: Iterable[Mapping[str, Any]],
+        edges: Iterable[tuple[str, str] | tuple[str, str, float] | Mapping[str, Any]],
+        **meta: Any,
+    ) -> OpGraph:
+        """Build from node dicts (keys as the constructor's arrays, singular) and edges.
+
+        An edge is ``(src_name, dst_name)``, ``(src_name, dst_name, bytes)`` or a dict with
+        ``src``, ``dst`` and optional ``bytes``; without bytes it carries the source's
+        ``output_bytes``.
+        """
+        nodes = list(nodes)
+        names = [nd["name"] for nd in nodes]
+        index = {name: i for i, name in enumerate(names)}
+        src, dst, eb = [], [], []
+        for e in edges:
+            if isinstance(e, Mapping):
+                s, d, b = e["src"], e["dst"], e.get("bytes")
+            else:
+                s, d, b = (*e, None) if len(e) == 2 else e
+            for end in (s, d):
+                if end not in index:
+                    raise GraphError(f"edge {s!r} -> {d!r} names unknown node {end!r}")
+            src.append(index[s])
+            dst.append(index[d])
+            eb.append(b)
+        out = [float(nd.get("output_bytes", 0.0)) for nd in nodes]
+        eb = [out[s] if b is None else b for s, b in zip(src, eb, strict=True)]
+        t = [nd.get("time_us") for nd in nodes]
+        return cls(
+            names, src, dst,
+            op_types=[nd.get("op_type", "") for nd in nodes],
+            flops=[nd.get("flops", 0.0) for nd in nodes],
+            output_bytes=out,
+            param_bytes=[nd.get("param_bytes", 0.0) for nd in nodes],
+            time_us=[np.nan if x is None else x for x in t],
+            colocation=[nd.get("colocation", -1) for nd in nodes],
+            is_backward=[nd.get("is_backward", False) for nd in nodes],
+            edge_bytes=eb,
+            meta=meta,
+        )
+
+    @classmethod
+    def from_networkx(cls, g: nx.DiGraph) -> OpGraph:
+        """Build from a ``networkx.DiGraph`` whose node keys are the names.
+
+        Node attributes as in :meth:`from_records`; edge attribute ``bytes``; graph
+        attributes become ``meta``.
+        """
+        nodes = [{**attrs, "name": str(name)} for name, attrs in g.nodes(data=True)]
+        edges = [(str(u), str(v), d.get("bytes")) for u, v, d in g.edges(data=True)]
+        return cls.from_records(nodes, edges, **dict(g.graph))
+
+    def to_networkx(self) -> nx.DiGraph:
+        """A ``networkx.DiGraph`` with node keys = names and all attributes copied."""
+        g = nx.DiGraph(**dict(self.meta))
+        for rec in self.node_records():
+            g.add_node(rec.pop("name"), **rec)
+        names = self.names.tolist()
+        g.add_edges_from(
+            (names[s], names[d], {"bytes": float(b)})
+            for s, d, b in zip(self.src.tolist(), self.dst.tolist(), self.edge_bytes.tolist(),
+                               strict=True)
+        )
+        return g
+
+    def node_records(self) -> list[dict[str, Any]]:
+        """One dict per node with every attribute (``time_us`` is None where unknown)."""
+        return [
+            {
+                "name": name, "op_type": op, "flops": f, "output_bytes": ob,
+                "param_bytes": pb, "time_us": None if t != t else t,
+                "colocation": c, "is_backward": b,
+            }
+            for name, op, f, ob, pb, t, c, b in zip(
+                self.names.tolist(), self.op_types.tolist(), self.flops.tolist(),
+                self.output_bytes.tolist(), self.param_bytes.tolist(),
+                self.time_us.tolist(), self.colocation.tolist(),
+                self.is_backward.tolist(), strict=True)
+        ]
+
+    def replace(self, **changes: Any) -> OpGraph:
+        """A copy with some constructor arguments changed; ``meta`` entries are merged."""
+        args: dict[str, Any] = {
+            "names": self.names, "src": self.src, "dst": self.dst,
+            "op_types": self.op_types, "flops": self.flops,
+            "output_bytes": self.output_bytes, "param_bytes": self.param_bytes,
+            "time_us": self.time_us, "colocation": self.colocation,
+            "is_backward": self.is_backward, "edge_bytes": self.edge_bytes,
+        }
+        meta = {**self.meta, **changes.pop("meta", {})}
+        args.update(changes)
+        return OpGraph(**args, meta=meta)
+
+    def permute(self, perm: Sequence[int]) -> OpGraph:
+        """The same graph with node ``perm[i]`` as the new node ``i`` (edges follow)."""
+        perm = np.asarray(perm, dtype=np.int64)
+        if np.sort(perm).tolist() != list(range(self.n_nodes)):
+            raise GraphError("perm must be a permutation of the node indices")
+        inv = np.empty_like(perm)
+        inv[perm] = np.arange(perm.size)
+        return self.replace(
+            names=self.names[perm], op_types=self.op_types[perm], flops=self.flops[perm],
+            output_bytes=self.output_bytes[perm], param_bytes=self.param_bytes[perm],
+            time_us=self.time_us[perm], colocation=self.colocation[perm],
+            is_backward=self.is_backward[perm], src=inv[self.src], dst=inv[self.dst],
+        )
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def n_nodes(self) -> int:
+        return int(self.names.size)
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.src.size)
+
+    @property
+    def name(self) -> str:
+        return str(self.meta.get("name") or "")
+
+    def __len__(self) -> int:
+        return self.n_nodes
+
+    def __repr__(self) -> str:
+        return f"OpGraph({self.name!r}, nodes={self.n_nodes}, edges={self.n_edges})"
+
+    @cached_property
+    def index(self) -> Mapping[str, int]:
+        """Node name -> node index."""
+        return MappingProxyType({name: i for i, name in enumerate(self.names.tolist())})
+
+    def _csr(self, key: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = np.argsort(key, kind="stable")
+        ptr = np.zeros(self.n_nodes + 1, dtype=np.int64)
+        np.cumsum(np.bincount(key, minlength=self.n_nodes), out=ptr[1:])
+        return _frozen(ptr), _frozen(val[order])
+
+    @cached_property
+    def succ_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, idx)``: successors of ``i`` are ``idx[ptr[i]:ptr[i+1]]`` (edge order)."""
+        return self._csr(self.src, self.dst)
+
+    @cached_property
+    def pred_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, idx)``: predecessors of ``i`` are ``idx[ptr[i]:ptr[i+1]]``."""
+        return self._csr(self.dst, self.src)
+
+    @cached_property
+    def out_edges_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, edge_ids)``: the ids of the edges leaving node ``i``."""
+        return self._csr(self.src, np.arange(self.n_edges, dtype=np.int64))
+
+    @cached_property
+    def in_edges_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(ptr, edge_ids)``: the ids of the edges entering node ``i``."""
+        return self._csr(self.dst, np.arange(self.n_edges, dtype=np.int64))
+
+    def successors(self, i: int) -> np.ndarray:
+        ptr, idx = self.succ_csr
+        return idx[ptr[i]:ptr[i + 1]]
+
+    def predecessors(self, i: int) -> np.ndarray:
+        ptr, idx = self.pred_csr
+        return idx[ptr[i]:ptr[i + 1]]
+
+    @cached_property
+    def in_degree(self) -> np.ndarray:
+        return _frozen(np.bincount(self.dst, minlength=self.n_nodes))
+
+    @cached_property
+    def out_degree(self) -> np.ndarray:
+        return _frozen(np.bincount(self.src, minlength=self.n_nodes))
+
+    @cached_property
+    def topo_order(self) -> np.ndarray:
+        """Kahn's topological order, FIFO queue, ties by node index.
+
+        Raises :class:`GraphError` naming a node on a cycle if the graph is cyclic.
+        """
+        ptr, idx = self.succ_csr
+        indeg = self.in_degree.copy()
+        queue = deque(np.flatnonzero(indeg == 0).tolist())
+        order = []
+        ptr_l, idx_l = ptr.tolist(), idx.tolist()
+        while queue:
+            u = queue.popleft()
+            order.append(u)
+            for v in idx_l[ptr_l[u]:ptr_l[u + 1]]:
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    queue.append(v)
+        if len(order) != self.n_nodes:
+            stuck = int(np.flatnonzero(indeg > 0)[0])
+            raise GraphError(f"graph has a cycle through node {self.names[stuck]!r}")
+        return _frozen(np.array(order, dtype=np.int64))
+
+    @cached_property
+    def levels(self) -> np.ndarray:
+        """Level of each node: the longest path (in edges) from any source."""
+        lev = np.zeros(self.n_nodes, dtype=np.int64)
+        ptr, idx = self.pred_csr
+        for v in self.topo_order.tolist():
+            preds = idx[ptr[v]:ptr[v + 1]]
+            if preds.size:
+                lev[v] = lev[preds].max() + 1
+        return _frozen(lev)
+
+    @cached_property
+    def graph_hash(self) -> str:
+        """A SHA-256 over names, attributes and edges (hex); equal graphs, equal hash."""
+        h = hashlib.sha256()
+        h.update(json.dumps([self.names.tolist(), self.op_types.tolist()]).encode())
+        for a in (self.flops, self.output_bytes, self.param_bytes, self.time_us,
+                  self.colocation, self.is_backward, self.src, self.dst, self.edge_bytes):
+            h.update(a.tobytes())
+        return h.hexdigest()
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, OpGraph):
+            return NotImplemented
+        return self.graph_hash == other.graph_hash and dict(self.meta) == dict(other.meta)
+
+    __hash__ = None  # type: ignore[assignment]
