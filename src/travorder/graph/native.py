@@ -74,8 +74,7 @@ def save_graph(g: OpGraph, path: str | os.PathLike[str]) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     data = json.dumps(graph_to_dict(g), separators=(",", ":")).encode()
-    with gzip.GzipFile(tmp, "wb", mtime=0) as f:  # mtime=0: same graph, same bytes
-        f.write(data)
+    tmp.write_bytes(gzip.compress(data, mtime=0))  # no name, no time: same graph, same bytes
     os.replace(tmp, path)
 
 

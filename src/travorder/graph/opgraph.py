@@ -64,7 +64,7 @@ class OpGraph:
     graph metadata (``name``, ``family``, ``source``, ``batch_size``, ``dtype`` and any
     importer notes such as ``unknown_shape_ops``).
 
-    Construction validates everything and raises :class:`~travorder.errors.GraphError`
+    Edges are stored sorted by ``(src, dst)``. Construction validates everything and raises :class:`~travorder.errors.GraphError`
     with one clear message on the first violation: duplicate or empty names, edges out
     of range, self-loops or duplicate edges, cycles, negative or non-finite costs.
     """
@@ -106,7 +106,7 @@ class OpGraph:
             seen: set[str] = set()
             dup = next(x for x in names_list if x in seen or seen.add(x))
             raise GraphError(f"duplicate node name {dup!r}")
-        ops = ["" if op_types is None else str(x) for x in (op_types or [None] * n)]
+        ops = [""] * n if op_types is None else [str(x) for x in op_types]
         if len(ops) != n:
             raise GraphError(f"op_types has {len(ops)} values for {n} nodes")
 
@@ -134,10 +134,13 @@ class OpGraph:
                 f"duplicate edge {names_list[src_a[e]]!r} -> {names_list[dst_a[e]]!r}"
             )
 
+        # Edges are kept sorted by (src, dst): equal graphs have equal arrays.
+        edge_order = np.lexsort((dst_a, src_a))
+        src_a, dst_a = src_a[edge_order], dst_a[edge_order]
         arrays = {f: _float_array(v, n, f) for f, v in zip(
             _NODE_FLOAT_FIELDS, (flops, output_bytes, param_bytes), strict=True)}
         t = _float_array(time_us, n, "time_us", default=np.nan)
-        eb = _float_array(edge_bytes, m, "edge_bytes")
+        eb = _float_array(edge_bytes, m, "edge_bytes")[edge_order]
         for field, a in [*arrays.items(), ("edge_bytes", eb)]:
             if not np.all(np.isfinite(a)) or np.any(a < 0):
                 raise GraphError(f"{field} must be finite and non-negative")

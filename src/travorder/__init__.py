@@ -1,0 +1,38 @@
+"""travorder: which traversal order should a sequential device placer use for this network?
+
+The public API is loaded lazily, so ``import travorder`` is cheap and never imports
+torch or numba until a function that needs them is called.
+
+>>> import travorder
+>>> travorder.OpGraph.__name__
+'OpGraph'
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "OpGraph": "travorder.graph",
+    "load_graph": "travorder.graph",
+    "save_graph": "travorder.graph",
+    "training_graph": "travorder.graph",
+    "coarsen": "travorder.graph",
+    "graph_features": "travorder.featurize",
+    "TravorderError": "travorder.errors",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'travorder' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,331 @@
+"""Command line: ``recommend-order`` and ``travorder <command>``.
+
+Every command imports what it needs when it runs, so ``recommend-order`` and
+``travorder info`` start fast and never import torch. A user error (bad file, unknown
+name) prints one line on stderr and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from travorder.errors import TravorderError
+
+EXIT_USAGE = 2
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, default=_json_default))
+
+
+def _json_default(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    raise TypeError(f"cannot serialise {type(obj).__name__}")
+
+
+def _write_json(path: str, doc: Any) -> None:
+    """Write JSON atomically, so an error never leaves a half-written file."""
+    import os
+
+    out = Path(path)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
+    os.replace(tmp, out)
+
+
+def _human(x: float, unit: str = "") -> str:
+    for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f} {prefix}{unit}"
+    return f"{x:.0f} {unit}".rstrip()
+
+
+# --------------------------------------------------------------------------- graph
+def _load(path: str, *, training: bool = False) -> Any:
+    from travorder.graph import load_graph, training_graph
+
+    g = load_graph(path)
+    return training_graph(g) if training else g
+
+
+def cmd_info(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    g = _load(args.model)
+    info = {
+        "name": g.name,
+        "family": g.meta.get("family"),
+        "source": g.meta.get("source"),
+        "nodes": g.n_nodes,
+        "edges": g.n_edges,
+        "flops": float(g.flops.sum()),
+        "param_bytes": float(g.param_bytes.sum()),
+        "activation_bytes": float(g.output_bytes.sum()),
+        "measured_ops": int((~np.isnan(g.time_us)).sum()),
+        "backward_ops": int(g.is_backward.sum()),
+        "unknown_shape_ops": list(g.meta.get("unknown_shape_ops") or []),
+    }
+    if args.features:
+        from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
+
+        info["feature_schema_version"] = FEATURE_SCHEMA_VERSION
+        info["features"] = graph_features(g)
+    if args.json:
+        _print_json(info)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{info['name']}", show_header=False)
+    table.add_row("nodes / edges", f"{info['nodes']} / {info['edges']}")
+    table.add_row("forward FLOPs", _human(info["flops"], "FLOP"))
+    table.add_row("parameters", _human(info["param_bytes"], "B"))
+    table.add_row("activations", _human(info["activation_bytes"], "B"))
+    table.add_row("family / source", f"{info['family']} / {info['source']}")
+    table.add_row("measured ops", str(info["measured_ops"]))
+    table.add_row("backward ops", str(info["backward_ops"]))
+    unknown = info["unknown_shape_ops"]
+    table.add_row(
+        "unknown-shape ops",
+        f"{len(unknown)}" + (f" ({', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''})"
+                             if unknown else ""),
+    )
+    if args.features:
+        table.add_row("[bold]features[/bold]", f"schema v{info['feature_schema_version']}")
+        for k, v in info["features"].items():
+            table.add_row(k, f"{v:.6g}")
+    Console().print(table)
+
+
+def cmd_convert(args: argparse.Namespace) -> None:
+    from travorder.graph import save_graph
+
+    g = _load(args.model, training=args.training)
+    save_graph(g, args.out)
+    print(f"wrote {args.out}: {g.n_nodes} nodes, {g.n_edges} edges")
+
+
+# --------------------------------------------------------------------------- placement
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*(str(x) for x in r))
+    Console().print(table)
+
+
+def cmd_orders(args: argparse.Namespace) -> None:
+    from travorder.placement.orders import ORDERS, TOPOLOGICAL_ORDERS, traversal_order
+
+    g = _load(args.model, training=args.training)
+    names = [args.order] if args.order else list(ORDERS)
+    orders = {n: traversal_order(g, n, args.seed) for n in names}
+    if args.json:
+        _print_json({n: g.names[o].tolist() for n, o in orders.items()})
+        return
+    if args.order:
+        print("\n".join(g.names[orders[args.order]].tolist()))
+        return
+    show = 8
+    rows = [(n, "yes" if n in TOPOLOGICAL_ORDERS else "no",
+             " ".join(g.names[o[:show]].tolist()) + (" ..." if o.size > show else ""))
+            for n, o in orders.items()]
+    _table(f"traversal orders of {g.name} ({g.n_nodes} nodes)",
+           ["order", "topological", f"first {show} nodes"], rows)
+
+
+def cmd_clusters(args: argparse.Namespace) -> None:
+    from travorder.placement.clusters import PRESETS, load_cluster
+
+    if args.name:
+        c = load_cluster(args.name)
+        _print_json(c.to_dict()) if args.json else print(_cluster_text(c))
+        return
+    if args.json:
+        _print_json({n: c.to_dict() for n, c in PRESETS.items()})
+        return
+    rows = [(n, c.n_devices, c.link_model, ", ".join(sorted({d.name.split(":")[0]
+                                                               for d in c.devices})),
+             c.description) for n, c in PRESETS.items()]
+    _table("cluster presets", ["name", "devices", "link model", "device types",
+                               "description"], rows)
+
+
+def _cluster_text(c: Any) -> str:
+    lines = [f"{c.name}: {c.n_devices} devices, link model {c.link_model}"]
+    lines += [f"  {d.name}: {_human(d.peak_flops, 'FLOP/s')}, {_human(d.mem_bw, 'B/s')}, "
+              f"memory {_human(d.memory, 'B')}, gap {d.launch_us} us" for d in c.devices]
+    return "\n".join(lines)
+
+
+def _print_sim(title: str, step_us: float, lb_us: float, eff: float, feasible: bool,
+               peak: Any, cluster: Any, extra: Sequence[tuple[str, str]] = ()) -> None:
+    rows = [("step time", f"{step_us / 1e3:.3f} ms"), ("lower bound", f"{lb_us / 1e3:.3f} ms"),
+            ("efficiency", f"{eff:.3f}"), ("memory feasible", "yes" if feasible else "NO"),
+            *extra]
+    rows += [(f"peak memory {d.name}", f"{_human(float(p), 'B')} of {_human(d.memory, 'B')}")
+             for d, p in zip(cluster.devices, peak, strict=True)]
+    _table(title, ["", ""], rows)
+
+
+def cmd_place(args: argparse.Namespace) -> None:
+    from travorder.placement.clusters import load_cluster
+    from travorder.placement.placement_file import placement_doc
+    from travorder.placement.placers import place
+
+    g = _load(args.model, training=not args.forward_only)
+    cluster = load_cluster(args.cluster)
+    r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed)
+    doc = placement_doc(r, g, cluster)
+    if args.out:
+        _write_json(args.out, doc)
+    if args.json:
+        _print_json({k: v for k, v in doc.items() if k not in ("placement", "cluster")})
+    else:
+        _print_sim(f"{args.placer} placement of {g.name} on {cluster.name}, order {args.order}",
+                   r.step_time_us, r.lower_bound_us, r.efficiency, r.feasible, r.peak_memory,
+                   cluster, [("placer wall time", f"{r.wall_s:.3f} s")])
+        if args.out:
+            print(f"wrote {args.out}")
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    from travorder.placement.clusters import Cluster, load_cluster
+    from travorder.placement.placement_file import load_placement
+    from travorder.placement.simulator import simulate
+
+    g = _load(args.model, training=not args.forward_only)
+    _, doc = load_placement(args.placement)
+    cluster = load_cluster(args.cluster) if args.cluster else Cluster.from_dict(doc["cluster"])
+    placement, _ = load_placement(args.placement, g, cluster)
+    r = simulate(g, placement, cluster)
+    if args.json:
+        _print_json({"step_time_us": r.step_time_us, "lower_bound_us": r.lower_bound_us,
+                     "efficiency": r.efficiency, "feasible": r.feasible,
+                     "busy_us": r.busy_us, "peak_memory": r.peak_memory,
+                     "bytes_moved": r.bytes_moved})
+        return
+    _print_sim(f"{g.name} on {cluster.name}", r.step_time_us, r.lower_bound_us, r.efficiency,
+               r.feasible, r.peak_memory, cluster,
+               [("bytes moved", _human(r.bytes_moved, "B"))])
+
+
+# --------------------------------------------------------------------------- parser
+def _not_built(what: str) -> Callable[[argparse.Namespace], None]:
+    def handler(_: argparse.Namespace) -> None:
+        raise TravorderError(f"{what} is not built yet in this version of travorder")
+
+    return handler
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="travorder",
+        description="Study, simulate and recommend traversal orders for device placement.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("info", help="summarise a model graph (ONNX, .json.gz, dnn-partitioning)")
+    p.add_argument("model", help="model file")
+    p.add_argument("--features", action="store_true", help="also print the feature vector")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("convert", help="convert a model graph to travorder's .json.gz format")
+    p.add_argument("model", help="model file")
+    p.add_argument("out", help="output .json.gz")
+    p.add_argument("--training", action="store_true",
+                   help="expand a forward graph into a training-step graph first")
+    p.set_defaults(func=cmd_convert)
+
+    p = sub.add_parser("orders", help="print the traversal orders of a model graph")
+    p.add_argument("model", help="model file")
+    p.add_argument("--order", help="print only this order, one node name per line")
+    p.add_argument("--seed", type=int, default=0, help="seed for the random order")
+    p.add_argument("--training", action="store_true",
+                   help="expand a forward graph into a training-step graph first")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_orders)
+
+    p = sub.add_parser("clusters", help="list cluster presets, or show one preset or file")
+    p.add_argument("name", nargs="?", help="preset name or .toml/.json cluster file")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_clusters)
+
+    graph_opts = argparse.ArgumentParser(add_help=False)
+    graph_opts.add_argument("--forward-only", action="store_true",
+                            help="place the graph as it is, without expanding a forward "
+                                 "graph into a training-step graph")
+    graph_opts.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("place", parents=[graph_opts],
+                       help="place a model graph on a cluster and simulate a training step")
+    p.add_argument("model", help="model file")
+    p.add_argument("--placer", default="greedy", help="placer name (default: greedy)")
+    p.add_argument("--order", default="topo", help="traversal order (default: topo)")
+    p.add_argument("--cluster", default="k80x3", help="preset name or cluster file")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-o", "--out", help="write the placement JSON here")
+    p.set_defaults(func=cmd_place)
+
+    p = sub.add_parser("simulate", parents=[graph_opts],
+                       help="simulate a training step of a model graph under a placement")
+    p.add_argument("model", help="model file")
+    p.add_argument("placement", help="placement JSON written by `travorder place`")
+    p.add_argument("--cluster", help="preset name or cluster file (default: the placement's)")
+    p.set_defaults(func=cmd_simulate)
+
+    for name, what in [("study", "`travorder study`"), ("train", "`travorder train`"),
+                       ("evaluate", "`travorder evaluate`"), ("model", "`travorder model`"),
+                       ("calibrate", "`travorder calibrate`")]:
+        p = sub.add_parser(name, help=f"{what} (not built yet)")
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=_not_built(what))
+    return parser
+
+
+def _run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> int:
+    try:
+        func(args)
+    except TravorderError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``travorder``."""
+    args = build_parser().parse_args(argv)
+    return _run(args.func, args)
+
+
+def recommend_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``recommend-order``."""
+    parser = argparse.ArgumentParser(
+        prog="recommend-order",
+        description="Recommend a traversal order for placing MODEL on a cluster.",
+    )
+    parser.add_argument("model", help="ONNX, travorder .json.gz or dnn-partitioning JSON")
+    args = parser.parse_args(argv)
+    return _run(_not_built("`recommend-order`"), args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""The command line: each command's output, and one clear line with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from travorder.cli import main
+from travorder.datasets.onnx_examples import residual_cnn
+from travorder.graph import OpGraph, load_graph, save_graph
+from travorder.graph.native import graph_to_dict
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("m") / "resnet.onnx"
+    onnx.save(residual_cnn(), path)
+    return str(path)
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_info_json(capsys, model):
+    code, out, _ = run(capsys, "info", model, "--json", "--features")
+    info = json.loads(out)
+    g = load_graph(model)
+    assert code == 0
+    assert info["nodes"] == g.n_nodes and info["edges"] == g.n_edges
+    assert info["flops"] == pytest.approx(g.flops.sum())
+    assert info["unknown_shape_ops"] == []
+    assert info["features"]["n_nodes"] == g.n_nodes
+
+
+def test_info_table(capsys, model):
+    code, out, _ = run(capsys, "info", model)
+    assert code == 0 and "nodes / edges" in out and "FLOP" in out
+
+
+def test_convert_round_trip(capsys, model, tmp_path):
+    out_path = tmp_path / "g.json.gz"
+    code, out, _ = run(capsys, "convert", model, str(out_path), "--training")
+    g = load_graph(out_path)
+    assert code == 0 and "wrote" in out
+    assert g.is_backward.sum() == load_graph(model).n_nodes
+
+
+def test_place_then_simulate_agree(capsys, model, tmp_path):
+    out_path = tmp_path / "p.json"
+    code, out, _ = run(capsys, "place", model, "--placer", "m_etf", "--cluster",
+                       "v100x4-nvlink", "-o", str(out_path), "--json")
+    placed = json.loads(out)
+    assert code == 0 and placed["placer"] == "m_etf"
+    doc = json.loads(out_path.read_text())
+    assert doc["graph"]["n_nodes"] == 2 * load_graph(model).n_nodes  # training graph
+    code, out, _ = run(capsys, "simulate", model, str(out_path), "--json")
+    assert code == 0
+    assert json.loads(out)["step_time_us"] == pytest.approx(placed["step_time_us"])
+
+
+def test_orders_one_per_line(capsys, model):
+    code, out, _ = run(capsys, "orders", model, "--order", "alpha")
+    names = out.split()
+    assert code == 0 and names == sorted(names) and len(names) == load_graph(model).n_nodes
+
+
+def test_clusters(capsys):
+    code, out, _ = run(capsys, "clusters", "k80x3", "--json")
+    assert code == 0 and json.loads(out)["link_model"] == "bus"
+    code, out, _ = run(capsys, "clusters")
+    assert code == 0 and "v100x4-nvlink" in out
+
+
+def _cyclic_onnx() -> onnx.ModelProto:
+    nodes = [helper.make_node("Add", ["x", "b"], ["a"], name="first"),
+             helper.make_node("Relu", ["a"], ["b"], name="second")]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 4])
+    return helper.make_model(helper.make_graph(nodes, "cyclic", [x], [y]))
+
+
+def _bad_files(tmp_path, model):
+    onnx_bytes = open(model, "rb").read()
+    future = graph_to_dict(OpGraph.from_records([{"name": "a"}], []))
+    future["format_version"] = 99
+    dnn = {"nodes": [{"id": 1, "fpgaLatency": 0.5, "size": 4, "colorClass": 0,
+                      "isBackwardNode": False}],
+           "edges": [{"sourceId": 1, "destId": 7, "cost": 1, "size": 4}]}
+    cyclic = tmp_path / "cyclic.onnx"
+    onnx.save(_cyclic_onnx(), cyclic)
+    files = {
+        "empty.onnx": (b"", "empty file"),
+        "truncated.onnx": (onnx_bytes[: len(onnx_bytes) // 2], "onnx"),
+        "text.onnx": (b"this is a text file, not a model\n", "onnx"),
+        "future.json.gz": (gzip.compress(json.dumps(future).encode()), "version 99"),
+        "dangling.json": (json.dumps(dnn).encode(), "7"),
+    }
+    cases = {"missing.onnx": "no such file", "cyclic.onnx": "cycle"}
+    for name, (content, message) in files.items():
+        (tmp_path / name).write_bytes(content)
+        cases[name] = message
+    return cases
+
+
+def test_bad_model_files_get_one_line_and_exit_2(capsys, model, tmp_path):
+    for name, message in _bad_files(tmp_path, model).items():
+        code, out, err = run(capsys, "info", str(tmp_path / name))
+        assert code == 2, name
+        assert err.count("\n") == 1 and err.startswith("error: "), (name, err)
+        assert message.lower() in err.lower(), (name, err)
+        assert "Traceback" not in err
+
+
+def _placement_cases(tmp_path, model, capsys):
+    good = tmp_path / "good.json"
+    assert run(capsys, "place", model, "-o", str(good), "--json")[0] == 0
+    doc = json.loads(good.read_text())
+    short = dict(doc, placement=dict(list(doc["placement"].items())[:-1]))
+    far = dict(doc, placement={k: 7 for k in doc["placement"]})
+    other = dict(doc, graph=dict(doc["graph"], graph_hash="0" * 64))
+    neg = {"name": "bad", "link_model": "link",
+           "devices": [{"name": "gpu", "count": 2, "peak_flops": 1e12, "mem_bw": 1e11}],
+           "links": {"bandwidth": -5.0, "latency": 1.0}}
+    for name, d in [("short.json", short), ("far.json", far), ("other.json", other),
+                    ("neg.json", neg)]:
+        (tmp_path / name).write_text(json.dumps(d))
+    return [
+        (["simulate", model, str(tmp_path / "short.json")], "does not place node"),
+        (["simulate", model, str(tmp_path / "far.json")], "on device"),
+        (["simulate", model, str(tmp_path / "other.json")], "placement is for graph"),
+        (["place", model, "--cluster", str(tmp_path / "neg.json")], "bandwidth"),
+        (["place", model, "--cluster", "tpu-pod"], "unknown cluster"),
+        (["place", model, "--order", "sideways"], "unknown order"),
+        (["place", model, "--placer", "magic"], "unknown placer"),
+        (["orders", model, "--order", "sideways"], "unknown order"),
+    ]
+
+
+def test_bad_placement_input_gets_one_line_and_exit_2(capsys, model, tmp_path):
+    for argv, message in _placement_cases(tmp_path, model, capsys):
+        code, out, err = run(capsys, *argv)
+        assert code == 2, argv
+        assert err.count("\n") == 1 and message in err, (argv, err)
+
+
+def test_failed_place_writes_nothing(capsys, model, tmp_path):
+    out_path = tmp_path / "p.json"
+    code, _, _ = run(capsys, "place", model, "--order", "sideways", "-o", str(out_path))
+    assert code == 2 and not out_path.exists()
+
+
+def test_console_script_exit_code(tmp_path):
+    g = OpGraph.from_records([{"name": "a"}], [])
+    save_graph(g, tmp_path / "g.json.gz")
+    ok = subprocess.run([sys.executable, "-m", "travorder.cli", "info",
+                         str(tmp_path / "g.json.gz"), "--json"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, "-m", "travorder.cli", "info",
+                          str(tmp_path / "none.onnx")], capture_output=True, text=True)
+    assert ok.returncode == 0 and json.loads(ok.stdout)["nodes"] == 1
+    assert bad.returncode == 2 and bad.stderr.strip().endswith("no such file")

@@ -1,0 +1,153 @@
+"""OpGraph construction, validation, conversions and travorder's own file format."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import networkx as nx
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from travorder.errors import FormatError, GraphError
+from travorder.graph import OpGraph, load_graph, save_graph
+from travorder.graph.native import FORMAT_VERSION, graph_to_dict
+
+from .strategies import random_dags
+
+
+def diamond() -> OpGraph:
+    return OpGraph.from_records(
+        [
+            {"name": "in", "op_type": "Conv", "flops": 100, "output_bytes": 8, "param_bytes": 4},
+            {"name": "l", "op_type": "Relu", "flops": 2, "output_bytes": 8},
+            {"name": "r", "op_type": "MatMul", "flops": 50, "output_bytes": 16, "time_us": 3.5},
+            {"name": "out", "op_type": "Add", "flops": 1, "output_bytes": 8, "colocation": 1},
+        ],
+        [("in", "l"), ("in", "r"), ("l", "out"), ("r", "out", 12)],
+        name="diamond", family="test", batch_size=2,
+    )
+
+
+def test_structure_of_a_diamond():
+    g = diamond()
+    assert (g.n_nodes, g.n_edges) == (4, 4)
+    assert g.edge_bytes.tolist() == [8, 8, 8, 12]  # default: the producer's output
+    assert g.topo_order.tolist() == [0, 1, 2, 3]
+    assert g.levels.tolist() == [0, 1, 1, 2]
+    assert sorted(g.successors(0).tolist()) == [1, 2]
+    assert sorted(g.predecessors(3).tolist()) == [1, 2]
+    assert g.in_degree.tolist() == [0, 1, 1, 2]
+    assert np.isnan(g.time_us[0]) and g.time_us[2] == 3.5
+    assert g.colocation.tolist() == [-1, -1, -1, 1]
+    assert g.meta["name"] == "diamond" and g.meta["source"] is None
+    assert g.index["out"] == 3
+
+
+def test_arrays_and_attributes_are_read_only():
+    g = diamond()
+    with pytest.raises(ValueError):
+        g.flops[0] = 1.0
+    with pytest.raises(AttributeError):
+        g.flops = np.zeros(4)
+    with pytest.raises(TypeError):
+        g.meta["name"] = "x"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "edges", "message"),
+    [
+        ([{"name": "a"}, {"name": "a"}], [], "duplicate node name 'a'"),
+        ([{"name": ""}], [], "non-empty"),
+        ([{"name": "a"}, {"name": "b"}], [("a", "c")], "unknown node 'c'"),
+        ([{"name": "a"}], [("a", "a")], "self-loop on node 'a'"),
+        ([{"name": "a"}, {"name": "b"}], [("a", "b"), ("a", "b")], "duplicate edge 'a' -> 'b'"),
+        ([{"name": "a"}, {"name": "b"}], [("a", "b"), ("b", "a")], "cycle"),
+        ([{"name": "a", "flops": -1}], [], "flops must be finite and non-negative"),
+        ([{"name": "a", "output_bytes": float("inf")}], [], "output_bytes must be finite"),
+        ([{"name": "a", "time_us": -2.0}], [], "time_us must be finite"),
+        ([{"name": "a"}, {"name": "b"}], [("a", "b", -5)], "edge_bytes must be finite"),
+    ],
+)
+def test_invalid_graphs_raise_one_clear_error(nodes, edges, message):
+    with pytest.raises(GraphError, match=message):
+        OpGraph.from_records(nodes, edges)
+
+
+def test_edge_indices_out_of_range():
+    with pytest.raises(GraphError, match="outside the 2 nodes"):
+        OpGraph(["a", "b"], [0], [2])
+
+
+def test_permute_relabels_edges():
+    g = diamond()
+    p = g.permute([3, 2, 1, 0])
+    assert p.names.tolist() == ["out", "r", "l", "in"]
+    edges = {(p.names[s], p.names[d]) for s, d in zip(p.src, p.dst, strict=True)}
+    assert edges == {("in", "l"), ("in", "r"), ("l", "out"), ("r", "out")}
+    with pytest.raises(GraphError, match="permutation"):
+        g.permute([0, 0, 1, 2])
+
+
+def test_replace_merges_meta():
+    g = diamond().replace(meta={"family": "other"}, flops=[1, 2, 3, 4])
+    assert g.meta["family"] == "other" and g.meta["name"] == "diamond"
+    assert g.flops.tolist() == [1, 2, 3, 4]
+
+
+def test_native_file_round_trip(tmp_path):
+    g = diamond()
+    path = tmp_path / "d.json.gz"
+    save_graph(g, path)
+    back = load_graph(path)
+    assert back == g
+    assert back.node_records() == g.node_records()
+    save_graph(g, tmp_path / "again.json.gz")  # deterministic bytes
+    assert path.read_bytes() == (tmp_path / "again.json.gz").read_bytes()
+
+
+def test_native_file_with_other_version_is_refused(tmp_path):
+    doc = graph_to_dict(diamond())
+    doc["format_version"] = FORMAT_VERSION + 1
+    path = tmp_path / "future.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    with pytest.raises(FormatError, match="format version 2 is not supported"):
+        load_graph(path)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [(b"", "empty file"), (b"\x1f\x8b\x08\x00garbage", "broken travorder graph file"),
+     (b'{"nodes": 3}', "neither a travorder graph nor a dnn-partitioning graph"),
+     (b"{not json", "not valid JSON")],
+)
+def test_bad_files(tmp_path, content, message):
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(content)
+    with pytest.raises(FormatError, match=message):
+        load_graph(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(FormatError, match="no such file"):
+        load_graph(tmp_path / "nope.onnx")
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags())
+def test_round_trips_lose_nothing(g):
+    assert OpGraph.from_networkx(g.to_networkx()) == g
+    assert OpGraph.from_records(g.node_records(), [
+        (g.names[s], g.names[d], b) for s, d, b in zip(g.src, g.dst, g.edge_bytes, strict=True)
+    ], **g.meta) == g
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags())
+def test_topological_order_and_levels_agree_with_networkx(g):
+    nxg = g.to_networkx()
+    order = [g.names[i] for i in g.topo_order]
+    pos = {v: i for i, v in enumerate(order)}
+    assert all(pos[u] < pos[v] for u, v in nxg.edges)
+    assert g.levels.max(initial=0) == nx.dag_longest_path_length(nxg)
