@@ -366,7 +366,7 @@ class OpGraph:
                     queue.append(v)
         if len(order) != self.n_nodes:
             stuck = int(np.flatnonzero(indeg > 0)[0])
-            raise GraphError(f"graph has a cycle through node {self.names[stuck]!r}")
+            raise GraphError(f"graph has a cycle through node {str(self.names[stuck])!r}")
         return _frozen(np.array(order, dtype=np.int64))
 
     @cached_property

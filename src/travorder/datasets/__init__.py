@@ -1,0 +1,1 @@
+"""Model graphs: ONNX example builders, synthetic families, zoo builders, bundled corpus."""

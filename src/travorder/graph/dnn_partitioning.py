@@ -1,0 +1,135 @@
+"""The public JSON format of the dnn-partitioning benchmark (Tarnawski et al., NeurIPS
+2020, ``msr-fiddle/dnn-partitioning``) as an :class:`~travorder.graph.OpGraph`.
+
+A document is ``{"nodes": [...], "edges": [...]}`` plus cluster limits
+(``maxSizePerFPGA``, ``maxFPGAs``, ``maxCPUs``). Mapping:
+
+- node ``id`` -> a node named ``name`` when the node has one and it is unique, else
+  ``str(id)``;
+- ``fpgaLatency`` (milliseconds on the accelerator; the format calls any accelerator an
+  FPGA) -> ``time_us = fpgaLatency * 1000``, the measured latency that overrides the
+  cost model. ``cpuLatency`` is not used; FLOPs and op types are not in the format and
+  are left 0 and empty;
+- ``size`` (bytes the node's output takes on the accelerator) -> ``output_bytes``;
+- ``colorClass`` (nodes of one class must share a device) -> ``colocation``, -1 without;
+- ``isBackwardNode`` (boolean or 0/1) -> ``is_backward``;
+- edge ``sourceId``/``destId`` -> an edge carrying the edge's ``size`` in bytes, or the
+  source node's ``size`` without one. ``cost`` (transfer time to CPU memory on the
+  benchmark's own link) is not used: travorder's cluster model turns bytes into time.
+  Repeated ``(sourceId, destId)`` pairs are one tensor: they merge, keeping the largest
+  size.
+
+The cluster limits go to ``meta["dnn_partitioning"]``.
+
+>>> doc = {"nodes": [{"id": 0, "fpgaLatency": 0.5, "size": 64.0, "isBackwardNode": 0},
+...                  {"id": 1, "fpgaLatency": 0.25, "size": 8.0, "isBackwardNode": 0}],
+...        "edges": [{"sourceId": 0, "destId": 1, "cost": 0.1, "size": 64.0}]}
+>>> g = from_dnn_partitioning(doc)
+>>> g.names.tolist(), g.time_us.tolist(), g.edge_bytes.tolist()
+(['0', '1'], [500.0, 250.0], [64.0])
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from travorder.errors import FormatError
+from travorder.graph.opgraph import OpGraph
+
+_CLUSTER_KEYS = ("maxSizePerFPGA", "maxFPGAs", "maxCPUs")
+
+
+def is_dnn_partitioning(doc: Any) -> bool:
+    """Whether a parsed JSON document looks like the dnn-partitioning format: an object
+    with ``nodes`` and ``edges`` lists whose nodes carry ``fpgaLatency``."""
+    if not isinstance(doc, dict):
+        return False
+    nodes, edges = doc.get("nodes"), doc.get("edges")
+    return (isinstance(nodes, list) and isinstance(edges, list) and bool(nodes)
+            and all(isinstance(n, dict) and "fpgaLatency" in n for n in nodes))
+
+
+def from_dnn_partitioning(
+    doc: dict[str, Any] | str | os.PathLike[str], *, source: str = "memory"
+) -> OpGraph:
+    """Build an OpGraph from a dnn-partitioning document (a parsed dict, or the path of
+    a JSON file). Raises :class:`FormatError` with one line for a document that does
+    not follow the format (missing fields, duplicate ids, an edge to an unknown id)."""
+    if not isinstance(doc, dict):
+        path = Path(doc)
+        source = str(path)
+        doc = _read_json(path)
+    if not is_dnn_partitioning(doc):
+        raise FormatError(f"{source}: not a dnn-partitioning graph (needs 'nodes' with "
+                          "'fpgaLatency' and 'edges')")
+    nodes: list[dict[str, Any]] = doc["nodes"]
+    ids = [_field(n, "id", int, source, f"node {k}") for k, n in enumerate(nodes)]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i, c in Counter(ids).items() if c > 1)
+        raise FormatError(f"{source}: duplicate node id {dup}")
+    index = {node_id: k for k, node_id in enumerate(ids)}
+
+    where = [f"node {i}" for i in ids]
+    latency = [_field(n, "fpgaLatency", float, source, w) for n, w in zip(nodes, where,
+                                                                          strict=True)]
+    size = [_field(n, "size", float, source, w) for n, w in zip(nodes, where, strict=True)]
+    color = [_field(n, "colorClass", int, source, w) if n.get("colorClass") is not None
+             else -1 for n, w in zip(nodes, where, strict=True)]
+    backward = [bool(_field(n, "isBackwardNode", int, source, w)) if "isBackwardNode" in n
+                else False for n, w in zip(nodes, where, strict=True)]
+    labels = [str(n.get("name") or "") for n in nodes]
+    counts = Counter(labels)
+    names = [lab if lab and counts[lab] == 1 else str(i) for lab, i in zip(labels, ids,
+                                                                           strict=True)]
+
+    pairs: dict[tuple[int, int], float] = {}
+    for k, e in enumerate(doc["edges"]):
+        if not isinstance(e, dict):
+            raise FormatError(f"{source}: edge {k} is not an object")
+        ends = [_field(e, key, int, source, f"edge {k}") for key in ("sourceId", "destId")]
+        for key, end in zip(("sourceId", "destId"), ends, strict=True):
+            if end not in index:
+                raise FormatError(f"{source}: edge {k} ({ends[0]} -> {ends[1]}) has "
+                                  f"{key} {end}, which is not a node id")
+        u, v = index[ends[0]], index[ends[1]]
+        b = _field(e, "size", float, source, f"edge {k}") if "size" in e else size[u]
+        pairs[u, v] = max(b, pairs.get((u, v), 0.0))
+
+    meta = {"name": Path(source).stem if source != "memory" else "dnn-partitioning",
+            "source": source, "importer": "dnn-partitioning",
+            "dnn_partitioning": {k: doc[k] for k in _CLUSTER_KEYS if k in doc}}
+    return OpGraph(
+        names, [u for u, _ in pairs], [v for _, v in pairs],
+        output_bytes=size, time_us=[t * 1000.0 for t in latency], colocation=color,
+        is_backward=backward, edge_bytes=list(pairs.values()), meta=meta,
+    )
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        raise FormatError(f"{path}: no such file")
+    try:
+        return json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FormatError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _field(obj: dict[str, Any], key: str, kind: type, source: str, where: str) -> Any:
+    """``obj[key]`` as a finite ``kind`` (int or float; booleans count as 0/1), or a
+    one-line FormatError."""
+    if key not in obj:
+        raise FormatError(f"{source}: {where} has no {key!r}")
+    value = obj[key]
+    if (not isinstance(value, int | float) or not math.isfinite(value)
+            or (kind is int and value != int(value))):
+        raise FormatError(f"{source}: {where} has {key}={value!r}, expected a "
+                          f"{'whole number' if kind is int else 'number'}")
+    return kind(value)
+
+
+__all__ = ["from_dnn_partitioning", "is_dnn_partitioning"]
