@@ -316,15 +316,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _run(args.func, args)
 
 
-def recommend_main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``recommend-order``."""
+def cmd_recommend(args: argparse.Namespace) -> None:
+    from travorder.api import recommend_order
+    from travorder.placement.clusters import load_cluster
+
+    g = _load(args.model, training=True)  # expanded once, for the features and the placer
+    cluster = load_cluster(args.cluster)
+    rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain)
+    placed = None
+    if args.place:
+        from travorder.placement.placement_file import placement_doc
+        from travorder.placement.placers import place
+
+        placed = place(g, cluster, placer=args.placer, order=rec.order, seed=args.seed)
+        _write_json(args.place, placement_doc(placed, g, cluster))
+    if args.json:
+        doc = rec.to_dict()
+        if placed is not None:
+            doc["placement"] = {"file": args.place, "placer": args.placer,
+                                "step_time_us": placed.step_time_us,
+                                "efficiency": placed.efficiency, "feasible": placed.feasible}
+        _print_json(doc)
+        return
+    print(f"{rec.graph} ({rec.n_nodes} nodes) on {rec.cluster}")
+    print(f"recommended order: {rec.order}  (probability {rec.probability:.2f})")
+    print(f"runner-up:         {rec.runner_up}  (probability {rec.runner_up_probability:.2f}, "
+          f"expected regret if used: {100 * rec.runner_up_regret:.1f}%)")
+    if rec.contributions is not None:
+        print("features that drove it (contribution to the score):")
+        for name, value in list(rec.contributions.items())[:args.top]:
+            print(f"  {name:<36} {value:+.3f}")
+    if placed is not None:
+        print(f"placed with {args.placer}: step time {placed.step_time_us / 1e3:.3f} ms, "
+              f"efficiency {placed.efficiency:.3f}, "
+              f"{'feasible' if placed.feasible else 'OVER MEMORY'}; wrote {args.place}")
+    print(f"model: {rec.model}")
+
+
+def recommend_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="recommend-order",
-        description="Recommend a traversal order for placing MODEL on a cluster.",
+        description="Recommend the traversal order a sequential device placer should use "
+                    "for MODEL on a cluster.",
     )
     parser.add_argument("model", help="ONNX, travorder .json.gz or dnn-partitioning JSON")
-    args = parser.parse_args(argv)
-    return _run(_not_built("`recommend-order`"), args)
+    parser.add_argument("--cluster", default="k80x3",
+                        help="cluster preset or .toml/.json file (default: k80x3)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--explain", action="store_true",
+                        help="show the features that drove the recommendation")
+    parser.add_argument("--top", type=int, default=8, help="features shown by --explain")
+    parser.add_argument("--place", metavar="OUT",
+                        help="also place the model with the recommended order; write JSON")
+    parser.add_argument("--placer", default="greedy", help="placer for --place (default: "
+                                                          "greedy; rl for the RL placer)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --place")
+    parser.add_argument("--predictor", metavar="DIR",
+                        help="predictor directory (default: the active model)")
+    return parser
+
+
+def recommend_main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``recommend-order``."""
+    args = recommend_parser().parse_args(argv)
+    return _run(cmd_recommend, args)
 
 
 if __name__ == "__main__":

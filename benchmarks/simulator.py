@@ -1,0 +1,114 @@
+"""Simulator speed: compiled core (single and batch) against the plain-Python reference.
+
+A ~1,000-node training graph (a residual network with two-branch blocks, expanded with
+its backward pass) on 4-device clusters, random placements; prints the median time per
+placement of each implementation and the speed-up, and the first-call compile time.
+Times are CPU time of this process (``time.process_time``), which for this single-threaded
+code equals wall time on an idle machine and is not inflated by other load.
+
+    python benchmarks/simulator.py [--placements 200] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from travorder.graph import OpGraph, training_graph
+from travorder.placement import Simulator, load_cluster
+from travorder.placement.reference import simulate_reference
+
+
+def residual_forward(blocks: int = 54, width: int = 256, batch: int = 32) -> OpGraph:
+    """A chain of residual blocks: conv-bn-relu-conv-bn on one branch, a projection on
+    the other every fourth block, an add and a relu."""
+    act = 4.0 * batch * width * 14 * 14
+    conv_flops = 2.0 * batch * width * width * 9 * 14 * 14
+    nodes = [{"name": "input", "op_type": "Input", "output_bytes": act}]
+    edges = []
+    prev = "input"
+    for b in range(blocks):
+        p = f"block{b}"
+        chain = [("conv1", "Conv", conv_flops, 9 * width * width * 4.0),
+                 ("bn1", "BatchNormalization", 4 * act, 8.0 * width),
+                 ("relu1", "Relu", act, 0.0),
+                 ("conv2", "Conv", conv_flops, 9 * width * width * 4.0),
+                 ("bn2", "BatchNormalization", 4 * act, 8.0 * width)]
+        last = prev
+        for name, op, flops, params in chain:
+            nodes.append({"name": f"{p}/{name}", "op_type": op, "flops": flops,
+                          "output_bytes": act, "param_bytes": params})
+            edges.append((last, f"{p}/{name}"))
+            last = f"{p}/{name}"
+        skip = prev
+        if b % 4 == 0:
+            for name, op, flops, params in [("proj", "Conv", conv_flops / 9, width * width * 4.0),
+                                            ("proj_bn", "BatchNormalization", 4 * act, 8.0 * width),
+                                            ("scale", "Mul", act, 0.0)]:
+                nodes.append({"name": f"{p}/{name}", "op_type": op, "flops": flops,
+                              "output_bytes": act, "param_bytes": params})
+                edges.append((skip, f"{p}/{name}"))
+                skip = f"{p}/{name}"
+        else:
+            nodes += [{"name": f"{p}/id", "op_type": "Identity", "output_bytes": act},
+                      {"name": f"{p}/id2", "op_type": "Identity", "output_bytes": act}]
+            edges += [(skip, f"{p}/id"), (f"{p}/id", f"{p}/id2")]
+            skip = f"{p}/id2"
+        nodes += [{"name": f"{p}/add", "op_type": "Add", "flops": act / 4, "output_bytes": act},
+                  {"name": f"{p}/out", "op_type": "Relu", "flops": act / 4, "output_bytes": act}]
+        edges += [(last, f"{p}/add"), (skip, f"{p}/add"), (f"{p}/add", f"{p}/out")]
+        prev = f"{p}/out"
+    return OpGraph.from_records(nodes, edges, name=f"residual{blocks}", family="synthetic",
+                                source="benchmarks/simulator.py", batch_size=batch)
+
+
+def _median_us(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.process_time()
+        fn()
+        times.append(time.process_time() - t0)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--placements", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    graph = training_graph(residual_forward())
+    rng = np.random.default_rng(args.seed)
+    print(f"graph: {graph.name}, {graph.n_nodes} nodes, {graph.n_edges} edges")
+    t0 = time.perf_counter()
+    Simulator(graph, load_cluster("k80x3")).step_time(np.zeros(graph.n_nodes, dtype=int))
+    print(f"first call (numba compile, or load from its cache): "
+          f"{time.perf_counter() - t0:.2f} s")
+
+    header = (f"{'cluster':<16}{'model':<9}{'fast us':>9}{'batch us':>10}"
+              f"{'reference us':>14}{'speed-up':>10}{'batch speed-up':>16}")
+    print(header)
+    for name in ("v100x4-nvlink", "pcie4x4", "baechi-4"):
+        cluster = load_cluster(name)
+        sim = Simulator(graph, cluster)
+        places = rng.integers(0, cluster.n_devices, (args.placements, graph.n_nodes))
+        it = iter(range(10**9))
+        fast = _median_us(lambda s=sim, p=places, i=it: s.step_time(p[next(i) % len(p)]),
+                          args.placements)
+        batch = _median_us(lambda s=sim, p=places: s.run_batch(p), 5) / args.placements
+        it = iter(range(10**9))
+        n_ref = max(5, args.placements // 20)
+        ref = _median_us(lambda p=places, c=cluster, i=it: simulate_reference(
+            graph, p[next(i) % len(p)], c), n_ref)
+        steps = sim.run_batch(places).step_time_us
+        assert all(simulate_reference(graph, places[k], cluster).step_time_us == steps[k]
+                   for k in range(3))
+        print(f"{name:<16}{cluster.link_model:<9}{fast:>9.1f}{batch:>10.1f}{ref:>14.0f}"
+              f"{ref / fast:>9.0f}x{ref / batch:>15.0f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""Library calls for training launchers: `recommend_order` and `place`.
+
+>>> import travorder
+>>> from travorder.datasets.onnx_examples import residual_cnn
+>>> from travorder.graph.onnx_import import read_onnx
+>>> rec = travorder.recommend_order(read_onnx(residual_cnn()), cluster="k80x3")
+>>> rec.order in travorder.ORDERS
+True
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from travorder.errors import TravorderError
+from travorder.featurize import graph_features
+from travorder.graph import GraphSource, OpGraph, load_graph, training_graph
+from travorder.placement.clusters import Cluster, load_cluster
+from travorder.placement.placers import PlacementResult
+from travorder.placement.placers import place as place_graph
+from travorder.predictor.active import load_predictor
+from travorder.predictor.dataset import feature_row
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The recommended traversal order for a graph on a cluster.
+
+    ``probability``: the predictor's probability that ``order`` is the best;
+    ``runner_up_regret``: the step-time regret expected if ``runner_up`` were used instead
+    (step time / best - 1); ``expected_regret`` per order; ``contributions``: with
+    ``explain=True``, each feature's contribution to the recommendation, largest first.
+    """
+
+    order: str
+    probability: float
+    runner_up: str
+    runner_up_probability: float
+    runner_up_regret: float
+    probabilities: dict[str, float]
+    expected_regret: dict[str, float]
+    graph: str
+    n_nodes: int
+    cluster: str
+    model: str
+    contributions: dict[str, float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def as_graph(model: Any, example_inputs: Any = None) -> OpGraph:
+    """An `OpGraph` from a path, an OpGraph, an ``onnx.ModelProto`` or a torch module with
+    example inputs (the module is exported to ONNX in memory)."""
+    torch = sys.modules.get("torch")  # a torch module can only exist if torch is loaded
+    if torch is not None and isinstance(model, torch.nn.Module):
+        if example_inputs is None:
+            raise TravorderError("a torch module needs example_inputs to be traced")
+        from travorder.graph.torch_import import from_torch
+
+        return from_torch(model, example_inputs)
+    if type(model).__name__ == "ModelProto":
+        from travorder.graph.onnx_import import read_onnx
+
+        return read_onnx(model)
+    if isinstance(model, OpGraph | str) or hasattr(model, "__fspath__"):
+        return load_graph(model)
+    raise TravorderError(f"cannot read a model from {type(model).__name__}; give a file "
+                         "path, an OpGraph, an onnx.ModelProto or a torch module")
+
+
+def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", *,
+                    example_inputs: Any = None, predictor: str | None = None,
+                    explain: bool = False) -> Recommendation:
+    """Recommend the traversal order for placing ``model`` on ``cluster``.
+
+    ``model``: a file (ONNX, travorder ``.json.gz``, dnn-partitioning JSON), an `OpGraph`,
+    an ``onnx.ModelProto``, or a torch module with ``example_inputs``. ``cluster``: a
+    preset name, a cluster file or a `Cluster`. ``predictor``: a model directory (default:
+    the active model, see `travorder.predictor.active`).
+    """
+    g = as_graph(model, example_inputs)
+    c = load_cluster(cluster)
+    est, _, description = load_predictor(predictor)
+    X = feature_row(graph_features(training_graph(g)), c)
+    proba = est.predict_proba(X)[0]
+    regret = est.expected_regret(X)[0]
+    ranked = np.argsort(-est.scores(X)[0], kind="stable")
+    best, second = int(ranked[0]), int(ranked[1])
+    contributions = None
+    if explain:
+        contrib = est.explain(X)[0]
+        top = np.argsort(-np.abs(contrib), kind="stable")
+        contributions = {str(est.feature_names_in_[i]): float(contrib[i]) for i in top}
+    names = est.classes_.tolist()
+    return Recommendation(
+        order=names[best], probability=float(proba[best]), runner_up=names[second],
+        runner_up_probability=float(proba[second]), runner_up_regret=float(regret[second]),
+        probabilities=dict(zip(names, proba.tolist(), strict=True)),
+        expected_regret=dict(zip(names, regret.tolist(), strict=True)),
+        graph=g.name, n_nodes=g.n_nodes, cluster=c.name, model=description,
+        contributions=contributions)
+
+
+def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str = "auto",
+          placer: str = "greedy", *, seed: int = 0, example_inputs: Any = None,
+          training: bool = True, predictor: str | None = None,
+          **options: Any) -> PlacementResult:
+    """Place ``model`` on ``cluster``; ``order="auto"`` uses the recommended order.
+
+    The graph is expanded to a training-step graph unless ``training=False``; ``options``
+    go to the placer (e.g. ``episodes=`` for ``rl``).
+    """
+    g = as_graph(model, example_inputs)
+    c = load_cluster(cluster)
+    if order == "auto":
+        order = recommend_order(g, c, predictor=predictor).order
+    return place_graph(training_graph(g) if training else g, c, placer=placer, order=order,
+                       seed=seed, **options)

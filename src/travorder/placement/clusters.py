@@ -1,0 +1,315 @@
+"""Device clusters: devices, links, link models, presets and the op cost model.
+
+Units throughout: FLOP/s for ``peak_flops``, B/s for ``mem_bw``, bytes for ``memory``,
+microseconds (us) for every time, and **bytes per microsecond** for link bandwidth
+(1 GB/s = 1,000 B/us). Presets live as TOML files next to this module and are described,
+with their sources, in ``docs/simulator.md``.
+
+>>> c = load_cluster("k80x3")
+>>> c.n_devices, c.link_model, float(c.bandwidth[0, 1]), c.busy_after_us
+(3, 'bus', 7600.0, 25.0)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import numpy as np
+
+from travorder.errors import FormatError, TravorderError
+from travorder.graph import OpGraph
+
+#: The link models: one transfer queue per sending device (``bus``, Placeto), per device
+#: shared by its sends and receives (``channel``, Baechi), or per ordered pair (``link``).
+LINK_MODELS = ("bus", "channel", "link")
+
+_DEVICE_KEYS = ("name", "peak_flops", "mem_bw", "memory", "launch_us")
+_CLUSTER_KEYS = ("name", "description", "link_model", "busy_after_us", "param_copies",
+                 "devices", "links")
+
+
+def _number(value: Any, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TravorderError(f"{what} must be a number, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator.
+
+    ``peak_flops`` in FLOP/s, ``mem_bw`` in B/s, ``memory`` in bytes (``math.inf`` for
+    unlimited), ``launch_us``: the gap after each op (launch overhead), in us.
+    """
+
+    name: str
+    peak_flops: float
+    mem_bw: float
+    memory: float = math.inf
+    launch_us: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TravorderError(f"device name must be a non-empty string, got {self.name!r}")
+        for key in _DEVICE_KEYS[1:]:
+            object.__setattr__(self, key, _number(getattr(self, key), f"device "
+                                                  f"{self.name!r}: {key}"))
+        for key in ("peak_flops", "mem_bw"):
+            v = getattr(self, key)
+            if not (0 < v < math.inf):
+                raise TravorderError(f"device {self.name!r}: {key} must be positive and "
+                                     f"finite, got {v}")
+        if not self.memory > 0:
+            raise TravorderError(f"device {self.name!r}: memory must be positive (inf for "
+                                 f"unlimited), got {self.memory}")
+        if not (0 <= self.launch_us < math.inf):
+            raise TravorderError(f"device {self.name!r}: launch_us must be finite and "
+                                 f"non-negative, got {self.launch_us}")
+
+
+def _pair_matrix(value: Any, n: int, what: str) -> np.ndarray:
+    try:
+        a = np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TravorderError(f"{what} must be a number or a {n}x{n} matrix of numbers"
+                             ) from None
+    if a.ndim == 0:
+        a = np.full((n, n), float(a))
+    if a.shape != (n, n):
+        raise TravorderError(f"{what} must be a number or a {n}x{n} matrix for {n} devices, "
+                             f"got shape {a.shape}")
+    a = a.copy()
+    np.fill_diagonal(a, 0.0)  # a device does not send to itself
+    a.flags.writeable = False
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class Cluster:
+    """Devices, the links between them and how transfers share those links.
+
+    ``bandwidth[i, j]`` (B/us, may be ``inf``) and ``latency[i, j]`` (us) describe sending
+    from device ``i`` to ``j``; either may be given as one number for every pair; the
+    diagonal is unused and stored as 0. A transfer of ``b`` bytes takes
+    ``latency + b / bandwidth`` us on its queue (see ``link_model``), which then stays busy
+    ``busy_after_us`` more (Placeto's bus: 25 us). ``param_copies`` multiplies each op's
+    ``param_bytes`` in device memory: 3 for training (weights, gradients, optimizer
+    state), 1 for inference.
+    """
+
+    name: str
+    devices: tuple[Device, ...]
+    bandwidth: np.ndarray
+    latency: np.ndarray
+    link_model: str = "link"
+    busy_after_us: float = 0.0
+    param_copies: float = 3.0
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        where = f"cluster {self.name!r}"
+        devices = tuple(self.devices)
+        if not devices:
+            raise TravorderError(f"{where} has no devices")
+        if not all(isinstance(d, Device) for d in devices):
+            raise TravorderError(f"{where}: devices must be Device objects")
+        names = [d.name for d in devices]
+        if len(set(names)) != len(names):
+            dup = next(x for x in names if names.count(x) > 1)
+            raise TravorderError(f"{where}: duplicate device name {dup!r}")
+        n = len(devices)
+        bw = _pair_matrix(self.bandwidth, n, f"{where}: bandwidth")
+        lat = _pair_matrix(self.latency, n, f"{where}: latency")
+        off = ~np.eye(n, dtype=bool)
+        if not np.all(bw[off] > 0):  # also catches NaN
+            i, j = np.argwhere(off & ~(bw > 0))[0]
+            raise TravorderError(f"{where}: bandwidth {i}->{j} must be positive (B/us), "
+                                 f"got {bw[i, j]}")
+        if not np.all((lat >= 0) & np.isfinite(lat)):
+            i, j = np.argwhere(~((lat >= 0) & np.isfinite(lat)))[0]
+            raise TravorderError(f"{where}: latency {i}->{j} must be finite and "
+                                 f"non-negative (us), got {lat[i, j]}")
+        if self.link_model not in LINK_MODELS:
+            raise TravorderError(f"{where}: unknown link model {self.link_model!r} "
+                                 f"(expected one of {', '.join(LINK_MODELS)})")
+        for key in ("busy_after_us", "param_copies"):
+            v = _number(getattr(self, key), f"{where}: {key}")
+            if not (0 <= v < math.inf):
+                raise TravorderError(f"{where}: {key} must be finite and non-negative, "
+                                     f"got {v}")
+            object.__setattr__(self, key, v)
+        object.__setattr__(self, "devices", devices)
+        object.__setattr__(self, "bandwidth", bw)
+        object.__setattr__(self, "latency", lat)
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON/TOML shaped) that :meth:`from_dict` reads back."""
+
+        def pairs(a: np.ndarray) -> float | list[list[float]]:
+            off = a[~np.eye(self.n_devices, dtype=bool)]
+            return float(off[0]) if off.size and np.all(off == off[0]) else a.tolist()
+
+        return {
+            "name": self.name,
+            "description": self.description,
+            "link_model": self.link_model,
+            "busy_after_us": self.busy_after_us,
+            "param_copies": self.param_copies,
+            "devices": [{k: getattr(d, k) for k in _DEVICE_KEYS} for d in self.devices],
+            "links": {"bandwidth": pairs(self.bandwidth), "latency": pairs(self.latency)},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Cluster:
+        """Build from a dict as written by :meth:`to_dict` or read from a cluster file.
+
+        A device entry may carry ``count = k`` to stand for ``k`` identical devices named
+        ``name:0 .. name:k-1``; ``memory`` may be omitted (unlimited).
+        """
+        if not isinstance(data, Mapping):
+            raise TravorderError("a cluster must be a table/object of settings")
+        unknown = sorted(set(data) - set(_CLUSTER_KEYS))
+        if unknown:
+            raise TravorderError(f"unknown cluster setting {unknown[0]!r} (expected "
+                                 f"{', '.join(_CLUSTER_KEYS)})")
+        for key in ("name", "devices", "links"):
+            if key not in data:
+                raise TravorderError(f"cluster is missing {key!r}")
+        links = data["links"]
+        if not isinstance(links, Mapping) or set(links) != {"bandwidth", "latency"}:
+            raise TravorderError("cluster 'links' must set exactly 'bandwidth' and 'latency'")
+        if not isinstance(data["devices"], list):
+            raise TravorderError("cluster 'devices' must be a list of device tables")
+        devices = []
+        for entry in data["devices"]:
+            if not isinstance(entry, Mapping):
+                raise TravorderError(f"a device must be a table of settings, got {entry!r}")
+            bad = sorted(set(entry) - {*_DEVICE_KEYS, "count"})
+            if bad:
+                raise TravorderError(f"unknown device setting {bad[0]!r} (expected "
+                                     f"{', '.join(_DEVICE_KEYS)}, count)")
+            missing = [k for k in ("name", "peak_flops", "mem_bw") if k not in entry]
+            if missing:
+                raise TravorderError(f"device {entry.get('name', '?')!r} is missing "
+                                     f"{missing[0]!r}")
+            spec = {k: v for k, v in entry.items() if k != "count"}
+            count = entry.get("count")
+            if count is None:
+                devices.append(Device(**spec))
+                continue
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise TravorderError(f"device {entry['name']!r}: count must be a positive "
+                                     f"integer, got {count!r}")
+            devices.extend(Device(**{**spec, "name": f"{entry['name']}:{i}"})
+                           for i in range(count))
+        return cls(
+            name=str(data["name"]), devices=tuple(devices),
+            bandwidth=links["bandwidth"], latency=links["latency"],
+            link_model=data.get("link_model", "link"),
+            busy_after_us=data.get("busy_after_us", 0.0),
+            param_copies=data.get("param_copies", 3.0),
+            description=str(data.get("description", "")),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Cluster):
+            return NotImplemented
+        a, b = self.to_dict(), other.to_dict()
+        a.pop("description")
+        b.pop("description")
+        return a == b
+
+    def __hash__(self) -> int:
+        d = self.to_dict()
+        d.pop("description")
+        return hash(json.dumps(d, sort_keys=True))
+
+
+def _read_cluster_file(path: Path) -> Cluster:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise FormatError(f"cannot read cluster file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+        kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
+        raise FormatError(f"cluster file {str(path)!r} is not valid {kind}: {exc}") from None
+    try:
+        return Cluster.from_dict(data)
+    except TravorderError as exc:
+        raise TravorderError(f"cluster file {str(path)!r}: {exc}") from None
+
+
+def _load_presets() -> Mapping[str, Cluster]:
+    folder = resources.files("travorder.placement") / "presets"
+    presets = {}
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".toml"):
+            c = Cluster.from_dict(tomllib.loads(entry.read_text(encoding="utf-8")))
+            presets[c.name] = c
+    return MappingProxyType(presets)
+
+
+#: Cluster presets by name; see ``docs/simulator.md`` for their figures and sources.
+PRESETS: Mapping[str, Cluster] = _load_presets()
+
+
+def load_cluster(name_or_path: str | Path | Cluster) -> Cluster:
+    """A preset by name, or a cluster from a ``.toml`` or ``.json`` file.
+
+    >>> load_cluster("v100x4-nvlink").n_devices
+    4
+    """
+    if isinstance(name_or_path, Cluster):
+        return name_or_path
+    if isinstance(name_or_path, str) and name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix.lower() in (".toml", ".json"):
+        if not path.is_file():
+            raise FormatError(f"no such cluster file {str(path)!r}")
+        return _read_cluster_file(path)
+    raise TravorderError(f"unknown cluster {str(name_or_path)!r}: not a preset "
+                         f"({', '.join(PRESETS)}) nor a .toml/.json file")
+
+
+def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
+    """Time of every op on every device, in us: an ``(n_nodes, n_devices)`` array.
+
+    An op with a measured ``time_us`` takes that time, taken as measured on the cluster's
+    first device and scaled by ``peak_flops[0] / peak_flops[d]`` on device ``d`` (so
+    unchanged on a homogeneous cluster). Otherwise a roofline estimate
+    ``max(flops / peak_flops, bytes / mem_bw)`` with ``bytes`` = input edge bytes +
+    ``output_bytes`` + ``param_bytes``. The device's ``launch_us`` gap is added to both.
+
+    >>> g = OpGraph(["a"], [], [], flops=[4.37e6])
+    >>> compute_times(g, load_cluster("k80x3")).round(3).tolist()
+    [[6.7, 6.7, 6.7]]
+    """
+    peak = np.array([d.peak_flops for d in cluster.devices])
+    mem_bw = np.array([d.mem_bw for d in cluster.devices])
+    launch = np.array([d.launch_us for d in cluster.devices])
+    # Sum each node's input bytes in a fixed (sorted) order, so that the result does
+    # not depend on the edge order or on how nodes are numbered.
+    order = np.lexsort((graph.edge_bytes, graph.dst))
+    in_bytes = np.bincount(graph.dst[order], weights=graph.edge_bytes[order],
+                           minlength=graph.n_nodes)
+    moved = in_bytes + graph.output_bytes + graph.param_bytes
+    roofline = np.maximum(graph.flops[:, None] / peak, moved[:, None] / mem_bw) * 1e6
+    measured = graph.time_us[:, None] * (peak[0] / peak)
+    t = np.where(np.isnan(graph.time_us)[:, None], roofline, measured) + launch
+    t.flags.writeable = False
+    return t

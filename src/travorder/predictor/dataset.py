@@ -1,0 +1,100 @@
+"""From a study dataset to what the predictor learns from.
+
+A study dataset (``travorder study export``) has one row per (graph, cluster, placer):
+``graph_hash``, ``family``, ``cluster``, graph features ``f_<name>``, and per order the
+median step time ``time_<order>``; ``ties`` lists the orders within noise of the best.
+`design_matrix` adds the cluster features ``c_<name>`` (from the cluster's preset, or the
+``cluster_json`` column a study writes for its own cluster files) and returns the
+features, the step-time table and the ties.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from travorder.errors import TravorderError
+from travorder.featurize.cluster import CLUSTER_FEATURE_NAMES, cluster_features
+from travorder.placement.clusters import Cluster, load_cluster
+
+TIME_PREFIX = "time_"
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """Features ``X``, step times per order ``times``, ``ties`` (a set of orders per row that
+    count as best), ``family`` per row (for grouped evaluation) and the source frame."""
+
+    X: pd.DataFrame
+    times: pd.DataFrame
+    ties: list[frozenset[str]]
+    family: np.ndarray
+    frame: pd.DataFrame
+
+    @property
+    def orders(self) -> list[str]:
+        return list(self.times.columns)
+
+
+def cluster_columns(cluster: Cluster) -> dict[str, float]:
+    """The ``c_`` feature columns of one cluster."""
+    return {f"c_{k}": v for k, v in cluster_features(cluster).items()}
+
+
+def _cluster_of(row: pd.Series) -> Cluster:
+    text = row.get("cluster_json")
+    if isinstance(text, str) and text:
+        return Cluster.from_dict(json.loads(text))
+    return load_cluster(str(row["cluster"]))
+
+
+def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> TrainingData:
+    """Split a study dataset into features, step times, ties and families.
+
+    Rows that lack a step time for one of ``orders`` (default: every ``time_`` column
+    present in all rows) are dropped.
+    """
+    missing = [c for c in ("family", "cluster") if c not in frame.columns]
+    if missing:
+        raise TravorderError(f"dataset lacks column {missing[0]!r}; is it a study export?")
+    time_cols = [c for c in frame.columns if c.startswith(TIME_PREFIX)]
+    if orders is None:
+        orders = [c[len(TIME_PREFIX):] for c in time_cols if frame[c].notna().all()]
+    absent = [o for o in orders if TIME_PREFIX + o not in frame.columns]
+    if absent:
+        raise TravorderError(f"dataset has no step times for order {absent[0]!r}")
+    if len(orders) < 2:
+        raise TravorderError("dataset needs step times for at least two orders")
+    cols = [TIME_PREFIX + o for o in orders]
+    frame = frame[frame[cols].notna().all(axis=1)].reset_index(drop=True)
+    if frame.empty:
+        raise TravorderError("dataset has no row with step times for every order")
+    clusters = {c: cluster_columns(_cluster_of(r)) for c, r in
+                frame.drop_duplicates("cluster").set_index("cluster", drop=False).iterrows()}
+    feats = frame[[c for c in frame.columns if c.startswith("f_")]].astype(float)
+    cfeats = pd.DataFrame([clusters[c] for c in frame["cluster"]],
+                          columns=[f"c_{n}" for n in CLUSTER_FEATURE_NAMES])
+    times = frame[cols].astype(float)
+    times.columns = orders
+    best = times.idxmin(axis=1)
+    tie_text = frame["ties"] if "ties" in frame.columns else pd.Series("", index=frame.index)
+    ties = [frozenset({b} | (set(t.split(";")) & set(orders) if isinstance(t, str) else set()))
+            for b, t in zip(best, tie_text, strict=True)]
+    return TrainingData(pd.concat([feats, cfeats], axis=1), times, ties,
+                        frame["family"].astype(str).to_numpy(), frame)
+
+
+def data_hash(frame: pd.DataFrame) -> str:
+    """SHA-256 (hex, 16 chars) of a dataset's content, for the model manifest."""
+    h = hashlib.sha256(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def feature_row(graph_feats: dict[str, float], cluster: Cluster) -> pd.DataFrame:
+    """One design-matrix row: graph features ``f_`` and the cluster's ``c_`` columns."""
+    row = {f"f_{k}": v for k, v in graph_feats.items()} | cluster_columns(cluster)
+    return pd.DataFrame([row])

@@ -1,0 +1,306 @@
+"""`OrderPredictor`: which traversal order to use for a graph on a cluster.
+
+A scikit-learn style estimator over LightGBM. ``fit(X, times)`` takes the feature matrix
+(one row per graph and cluster) and the step time each order reached on that row
+(``times``: a DataFrame with one column per order); the learned attributes end in ``_``.
+Three kinds share the interface, so they can be compared on the same folds:
+
+- ``classifier``: `lightgbm.LGBMClassifier` on the best order of each row;
+- ``regressor``: one `lightgbm.LGBMRegressor` per order, predicting
+  ``log(step time / best step time)``; the recommendation is the smallest prediction;
+- ``ranker``: `lightgbm.LGBMRanker` (lambdarank), one query per row, one item per order
+  (the row's features plus a one-hot of the order), relevance from the order's rank.
+
+``predict_proba`` gives each order's probability of being the best (for the regressor
+and the ranker, a softmax of their scores). ``expected_regret`` turns probabilities into
+the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
+``regret_table_[c, o]`` is the mean regret of order ``o`` on training rows whose best
+order was ``c``.
+
+Saved as LightGBM text models plus a JSON manifest (``save`` / ``load``); loading never
+unpickles and checks the feature schema and that manifest and models agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import lightgbm as lgb
+import numpy as np
+import pandas as pd
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.utils.validation import check_is_fitted
+
+from travorder.errors import FormatError, TravorderError
+
+KINDS = ("classifier", "regressor", "ranker")
+MANIFEST = "manifest.json"
+FORMAT = "travorder.predictor"
+FORMAT_VERSION = 1
+# Softmax temperature for the regressor's log-ratio predictions: 5 % slower is e^-1 as likely.
+_REGRESSOR_TEMPERATURE = 0.05
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    z = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+class OrderPredictor(ClassifierMixin, BaseEstimator):
+    """Recommend a traversal order from graph and cluster features.
+
+    >>> import numpy as np, pandas as pd
+    >>> rng = np.random.default_rng(0)
+    >>> X = pd.DataFrame({"width": rng.uniform(1, 10, 60)})
+    >>> times = pd.DataFrame({"topo": 5 + X["width"], "dfs_preorder": 10 - X["width"] + 5})
+    >>> p = OrderPredictor(n_estimators=20, min_child_samples=3).fit(X, times)
+    >>> p.predict(pd.DataFrame({"width": [1.0, 9.0]})).tolist()
+    ['topo', 'dfs_preorder']
+    """
+
+    def __init__(self, kind: str = "classifier", *, n_estimators: int = 200,
+                 learning_rate: float = 0.05, num_leaves: int = 15,
+                 min_child_samples: int = 5, random_state: int = 0) -> None:
+        self.kind = kind
+        self.n_estimators = n_estimators
+        self.learning_rate = learning_rate
+        self.num_leaves = num_leaves
+        self.min_child_samples = min_child_samples
+        self.random_state = random_state
+
+    # ------------------------------------------------------------------ fitting
+    def _lgb_params(self) -> dict[str, Any]:
+        return {"n_estimators": self.n_estimators, "learning_rate": self.learning_rate,
+                "num_leaves": self.num_leaves, "min_child_samples": self.min_child_samples,
+                "random_state": self.random_state, "n_jobs": 1, "verbose": -1,
+                "deterministic": True}
+
+    def fit(self, X: pd.DataFrame | np.ndarray, times: pd.DataFrame) -> OrderPredictor:
+        """Learn from features ``X`` and ``times`` (rows x orders, step times, > 0)."""
+        if self.kind not in KINDS:
+            raise TravorderError(f"unknown predictor kind {self.kind!r} (expected "
+                                 f"{', '.join(KINDS)})")
+        Xa = self._check_X(X, fitting=True)
+        if not isinstance(times, pd.DataFrame):
+            raise TravorderError("times must be a DataFrame with one column per order")
+        T = times.to_numpy(dtype=float)
+        if T.shape[0] != Xa.shape[0] or T.shape[1] < 2:
+            raise TravorderError(f"times must have {Xa.shape[0]} rows and at least two "
+                                 f"orders, got shape {T.shape}")
+        if not np.all(np.isfinite(T) & (T > 0)):
+            raise TravorderError("step times must be finite and positive")
+        self.classes_ = np.array([str(c) for c in times.columns])
+        k = self.classes_.size
+        log_ratio = np.log(T / T.min(axis=1, keepdims=True))
+        best = log_ratio.argmin(axis=1)
+        regret = T / T.min(axis=1, keepdims=True) - 1.0
+        self.regret_table_ = np.array([
+            regret[best == c].mean(axis=0) if np.any(best == c) else regret.mean(axis=0)
+            for c in range(k)])
+        if self.kind == "classifier":
+            self.labels_ = np.unique(best)  # the orders that were ever best
+            if self.labels_.size == 1:
+                self.boosters_: list[lgb.Booster] = []
+            else:
+                clf = lgb.LGBMClassifier(**self._lgb_params())
+                clf.fit(Xa, np.searchsorted(self.labels_, best))
+                self.boosters_ = [clf.booster_]
+        elif self.kind == "regressor":
+            self.boosters_ = [lgb.LGBMRegressor(**self._lgb_params()).fit(Xa, log_ratio[:, j])
+                              .booster_ for j in range(k)]
+        else:
+            ranks = log_ratio.argsort(axis=1).argsort(axis=1)
+            relevance = (k - 1 - ranks).reshape(-1)
+            ranker = lgb.LGBMRanker(**self._lgb_params())
+            ranker.fit(self._ranker_rows(Xa), relevance, group=np.full(Xa.shape[0], k))
+            self.boosters_ = [ranker.booster_]
+        return self
+
+    def _check_X(self, X: Any, fitting: bool = False) -> np.ndarray:
+        if isinstance(X, pd.DataFrame):
+            names = np.array([str(c) for c in X.columns])
+            if fitting:
+                self.feature_names_in_ = names
+            elif hasattr(self, "feature_names_in_"):
+                missing = sorted(set(self.feature_names_in_) - set(names))
+                if missing:
+                    raise TravorderError(f"features missing: {', '.join(missing[:5])}")
+                X = X[list(self.feature_names_in_)]
+        Xa = np.asarray(X, dtype=float)
+        if Xa.ndim != 2:
+            raise TravorderError(f"X must be 2-D, got shape {Xa.shape}")
+        if fitting:
+            self.n_features_in_ = Xa.shape[1]
+        elif Xa.shape[1] != self.n_features_in_:
+            raise TravorderError(f"X has {Xa.shape[1]} features, the predictor was trained "
+                                 f"on {self.n_features_in_}")
+        return Xa
+
+    def _ranker_rows(self, Xa: np.ndarray) -> np.ndarray:
+        k = self.classes_.size
+        return np.hstack([np.repeat(Xa, k, axis=0), np.tile(np.eye(k), (Xa.shape[0], 1))])
+
+    # ------------------------------------------------------------------ predicting
+    def scores(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """Raw per-order scores, higher is better: ``(n_rows, n_orders)``."""
+        check_is_fitted(self, "boosters_")
+        Xa = self._check_X(X)
+        k = self.classes_.size
+        if self.kind == "regressor":
+            pred = np.column_stack([b.predict(Xa) for b in self.boosters_])
+            return -pred / _REGRESSOR_TEMPERATURE
+        if self.kind == "ranker":
+            return self.boosters_[0].predict(self._ranker_rows(Xa)).reshape(-1, k)
+        proba = np.zeros((Xa.shape[0], k))
+        if not self.boosters_:
+            proba[:, self.labels_[0]] = 1.0
+        else:
+            p = self.boosters_[0].predict(Xa)
+            proba[:, self.labels_] = np.column_stack([1 - p, p]) if p.ndim == 1 else p
+        with np.errstate(divide="ignore"):
+            return np.log(proba)
+
+    def predict_proba(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """Probability of each order (columns as ``classes_``) being the best."""
+        return _softmax(self.scores(X))
+
+    def predict(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """The recommended order for each row."""
+        return self.classes_[self.scores(X).argmax(axis=1)]
+
+    def expected_regret(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """Expected regret (step time / best - 1) of each order for each row."""
+        return self.predict_proba(X) @ self.regret_table_
+
+    def explain(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+        """Per-feature contributions (LightGBM SHAP values) to the recommended order's score:
+        ``(n_rows, n_features)``."""
+        check_is_fitted(self, "boosters_")
+        Xa = self._check_X(X)
+        top = self.scores(Xa).argmax(axis=1)
+        d = self.n_features_in_
+        if self.kind == "regressor":
+            contrib = [self.boosters_[j].predict(Xa[i:i + 1], pred_contrib=True)[0, :d]
+                       for i, j in enumerate(top)]
+            return -np.array(contrib) / _REGRESSOR_TEMPERATURE
+        if self.kind == "ranker":
+            rows = self._ranker_rows(Xa).reshape(Xa.shape[0], -1, d + self.classes_.size)
+            return np.array([self.boosters_[0].predict(rows[i, j][None], pred_contrib=True)
+                             [0, :d] for i, j in enumerate(top)])
+        if not self.boosters_:
+            return np.zeros_like(Xa)
+        c = self.boosters_[0].predict(Xa, pred_contrib=True)
+        if c.shape[1] == d + 1:  # binary: contributions towards the second label
+            sign = np.where(top == self.labels_[1], 1.0, -1.0)
+            return c[:, :d] * sign[:, None]
+        per_class = c.reshape(Xa.shape[0], self.labels_.size, d + 1)
+        label_pos = np.searchsorted(self.labels_, top)
+        return per_class[np.arange(Xa.shape[0]), label_pos, :d]
+
+    # ------------------------------------------------------------------ files
+    def save(self, directory: str | os.PathLike[str], **manifest: Any) -> None:
+        """Write the LightGBM text models and ``manifest.json`` (``manifest`` adds entries,
+        e.g. the feature schema version, training-data hash, evaluation summary)."""
+        check_is_fitted(self, "boosters_")
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        files = [f"model_{i}.txt" for i in range(len(self.boosters_))]
+        for f, b in zip(files, self.boosters_, strict=True):
+            b.save_model(out / f)
+        checksums = {f: _sha256(out / f) for f in files}
+        doc = {
+            "format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind,
+            "params": self.get_params(), "classes": self.classes_.tolist(),
+            "feature_names": getattr(self, "feature_names_in_",
+                                     np.array([f"x{i}" for i in range(self.n_features_in_)]))
+            .tolist(),
+            "labels": getattr(self, "labels_", np.arange(self.classes_.size)).tolist(),
+            "regret_table": self.regret_table_.tolist(), "model_files": checksums,
+            "library_versions": {"lightgbm": lgb.__version__, "numpy": np.__version__},
+            **manifest,
+        }
+        tmp = out / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
+        os.replace(tmp, out / MANIFEST)
+
+    @classmethod
+    def load(cls, directory: str | os.PathLike[str]) -> tuple[OrderPredictor, dict[str, Any]]:
+        """Read a predictor written by `save`: ``(predictor, manifest)``."""
+        d = Path(directory)
+        try:
+            doc = json.loads((d / MANIFEST).read_text())
+        except FileNotFoundError:
+            raise FormatError(f"{d}: no predictor here (no {MANIFEST})") from None
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise FormatError(f"{d / MANIFEST}: not a travorder predictor manifest")
+        if doc.get("format_version") != FORMAT_VERSION:
+            raise FormatError(f"{d}: predictor format version {doc.get('format_version')!r} "
+                              f"is not supported (this travorder reads {FORMAT_VERSION})")
+        try:
+            p = cls(**doc["params"])
+            p.classes_ = np.array(doc["classes"])
+            p.feature_names_in_ = np.array(doc["feature_names"])
+            p.n_features_in_ = p.feature_names_in_.size
+            p.labels_ = np.array(doc["labels"], dtype=np.int64)
+            p.regret_table_ = np.array(doc["regret_table"], dtype=float)
+            files = doc["model_files"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FormatError(f"{d / MANIFEST}: predictor manifest is missing {exc}") from None
+        p.boosters_ = []
+        for f, checksum in dict(files).items():
+            # LightGBM aborts the process on some malformed files: check them first.
+            try:
+                ok = _sha256(d / f) == checksum
+            except OSError as exc:
+                raise FormatError(f"{d / f}: cannot read model ({exc.strerror})") from None
+            if not ok:
+                raise FormatError(f"{d / f}: broken LightGBM model (its checksum differs "
+                                  "from the manifest's: truncated or edited)")
+            try:
+                p.boosters_.append(lgb.Booster(model_file=str(d / f)))
+            except lgb.basic.LightGBMError as exc:
+                raise FormatError(f"{d / f}: broken LightGBM model ({exc})") from None
+        p._check_consistent(d)
+        return p, doc
+
+    def _check_consistent(self, d: Path) -> None:
+        k = self.classes_.size
+        n_extra = k if self.kind == "ranker" else 0
+        expected = {"classifier": 0 if self.labels_.size == 1 else 1, "regressor": k,
+                    "ranker": 1}[self.kind]
+        problems = []
+        if self.regret_table_.shape != (k, k):
+            problems.append("regret table")
+        if len(self.boosters_) != expected:
+            problems.append(f"{len(self.boosters_)} models for {expected}")
+        for b in self.boosters_:
+            if b.num_feature() != self.n_features_in_ + n_extra:
+                problems.append(f"a model with {b.num_feature()} features for "
+                                f"{self.n_features_in_ + n_extra}")
+            if self.kind == "classifier" and self.labels_.size > 2 \
+                    and b.num_model_per_iteration() != self.labels_.size:
+                problems.append(f"a model with {b.num_model_per_iteration()} classes for "
+                                f"{self.labels_.size}")
+        if problems:
+            raise FormatError(f"{d}: manifest does not match its model ({problems[0]})")
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _plain(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    raise TypeError(f"cannot serialise {type(obj).__name__}")

@@ -1,0 +1,323 @@
+"""Placers: hand-checked placements, memory, order sensitivity, the placement file."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from travorder.errors import FormatError, TravorderError
+from travorder.graph import OpGraph, training_graph
+from travorder.placement.clusters import Cluster, Device, load_cluster
+from travorder.placement.orders import traversal_order
+from travorder.placement.placement_file import load_placement, save_placement
+from travorder.placement.placers import PLACERS, PlacementResult, place, register_placer
+from travorder.placement.placers.baechi import favourite_children
+from travorder.placement.placers.heuristics import greedy
+from travorder.placement.placers.schedule import DeviceBook
+from travorder.placement.simulator import simulate
+
+from .strategies import dags_with_placement, random_dags
+
+
+def cluster(n: int = 2, memory: float = math.inf, bandwidth: float = 1000.0,
+            latency: float = 5.0, link_model: str = "link", flops: tuple = ()) -> Cluster:
+    """``n`` devices without launch gap; transfers take ``latency + bytes / bandwidth``."""
+    peaks = flops or (1e12,) * n
+    return Cluster("test", tuple(Device(f"g{i}", p, 1e12, memory, 0.0)
+                                 for i, p in enumerate(peaks)),
+                   bandwidth, latency, link_model)
+
+
+# two independent chains a1 -> a2 -> a3 and b1 -> b2 -> b3, 10 us per op, 1 kB per edge
+CHAINS = OpGraph(["a1", "a2", "a3", "b1", "b2", "b3"], [0, 1, 3, 4], [1, 2, 4, 5],
+                 time_us=[10.0] * 6, edge_bytes=[1000.0] * 4, meta={"name": "chains"})
+# r feeds b (0 bytes: 5 us transfer) and a (3 kB: 8 us); b comes first in topo order
+FORK = OpGraph(["r", "b", "a"], [0, 0], [1, 2], time_us=[10.0] * 3,
+               edge_bytes=[0.0, 3000.0], meta={"name": "fork"})
+
+
+def test_greedy_puts_independent_chains_apart() -> None:
+    r = place(CHAINS, cluster(), placer="greedy", order="topo")
+    assert r.placement.tolist() == [0, 0, 0, 1, 1, 1]
+    assert (r.step_time_us, r.lower_bound_us, r.efficiency) == (30.0, 30.0, 1.0)
+    assert r.feasible and r.placer == "greedy" and r.order == "topo"
+
+
+def test_greedy_depends_on_the_order() -> None:
+    # reversed_topo visits a3, a2, a1, b3, b2, b1: no placed inputs, so each op goes
+    # where it finishes first and the chains alternate between the devices
+    assert traversal_order(CHAINS, "reversed_topo").tolist() == [2, 1, 0, 5, 4, 3]
+    r = place(CHAINS, cluster(), placer="greedy", order="reversed_topo")
+    assert r.placement.tolist() == [0, 1, 0, 1, 0, 1]
+    # a2 waits for a1's 6 us transfer, a3 for a2's: 10 + 6 + 10 + 6 + 10
+    assert r.step_time_us == 42.0
+    # topo_lifo visits chain b first, so b takes device 0
+    assert place(CHAINS, cluster(), "greedy", "topo_lifo").placement.tolist() == [
+        1, 1, 1, 0, 0, 0]
+
+
+def test_greedy_weighs_transfers() -> None:
+    # slow link: the second branch waits on device 0 rather than cross it
+    g = OpGraph(["r", "x", "y"], [0, 0], [1, 2], time_us=[10.0] * 3,
+                edge_bytes=[20_000.0] * 2)
+    assert place(g, cluster(), "greedy").placement.tolist() == [0, 0, 0]
+    assert place(g, cluster(bandwidth=1e9, latency=0.0), "greedy").placement.tolist() == [
+        0, 0, 1]
+
+
+def test_contiguous_splits_compute_evenly() -> None:
+    chain = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[3.0, 1.0, 1.0, 3.0])
+    assert place(chain, cluster(), "contiguous").placement.tolist() == [0, 0, 1, 1]
+    heavy_tail = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[1.0, 1.0, 1.0, 5.0])
+    assert place(heavy_tail, cluster(), "contiguous").placement.tolist() == [0, 0, 0, 1]
+    # along the order given: reversed, the heavy node comes first
+    assert place(heavy_tail, cluster(), "contiguous", "reversed_topo").placement.tolist() == [
+        1, 1, 1, 0]
+
+
+def test_simple_placers() -> None:
+    c = cluster(3)
+    g = OpGraph(list("abcde"), [], [], time_us=[1.0] * 5)
+    assert place(g, c, "single").placement.tolist() == [0] * 5
+    assert place(g, c, "round_robin").placement.tolist() == [0, 1, 2, 0, 1]
+    assert place(g, c, "round_robin", "topo_lifo").placement.tolist() == [1, 0, 2, 1, 0]
+    r1, r2 = place(g, c, "random", seed=1), place(g, c, "random", seed=1)
+    assert r1.placement.tolist() == r2.placement.tolist()
+    assert {tuple(place(g, c, "random", seed=s).placement) for s in range(5)} != {
+        tuple(r1.placement)}
+    # single picks the fastest device of a heterogeneous cluster (FLOP-costed graph)
+    flops = OpGraph(["a", "b"], [0], [1], flops=[1e9, 1e9])
+    fast = cluster(3, flops=(1e12, 4e12, 2e12))
+    assert place(flops, fast, "single").placement.tolist() == [1, 1]
+
+
+def test_m_etf_starts_each_op_as_early_as_it_can() -> None:
+    # at 10 us both children are ready; b (first in topo order) takes device 0 at 10,
+    # a would start at 20 there but at 18 on device 1 (5 us latency + 3 us)
+    r = place(FORK, cluster(), "m_etf")
+    assert r.placement.tolist() == [0, 0, 1]
+    assert r.step_time_us == 28.0
+    # with a costly transfer, the idle device is not worth it
+    slow = OpGraph(["r", "b", "a"], [0, 0], [1, 2], time_us=[10.0] * 3,
+                   edge_bytes=[0.0, 30_000.0])
+    assert place(slow, cluster(), "m_etf").placement.tolist() == [0, 0, 0]
+
+
+def test_favourite_children_lp() -> None:
+    c = cluster()
+    chain = OpGraph(list("abc"), [0, 1], [1, 2], time_us=[10.0] * 3, edge_bytes=[1e3] * 2)
+    assert favourite_children(chain, c).tolist() == [1, 2, -1]
+    # a's edge (8 us) costs more than b's (5 us): a is r's favourite
+    assert favourite_children(FORK, c).tolist() == [2, -1, -1]
+    # equal edges: the LP splits 0.5/0.5, the first edge wins
+    even = OpGraph(list("rxy"), [0, 0], [1, 2], time_us=[10.0] * 3, edge_bytes=[1e3] * 2)
+    assert favourite_children(even, c).tolist() == [1, -1, -1]
+    assert favourite_children(OpGraph(["a"], [], []), c).tolist() == [-1]
+
+
+def test_m_sct_keeps_the_favourite_child_with_its_parent() -> None:
+    # device 0 waits for a (r's favourite) instead of running b; b goes to device 1
+    r = place(FORK, cluster(), "m_sct")
+    assert r.placement.tolist() == [0, 1, 0]
+    assert r.step_time_us == 25.0
+
+
+def test_m_topo_fills_devices_by_memory_share() -> None:
+    # 4 ops of 100 B output, no parameters: share = 400 / 2 + 100 = 300 B per device
+    g = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[1.0] * 4,
+                output_bytes=[100.0] * 4)
+    assert place(g, cluster(), "m_topo").placement.tolist() == [0, 0, 0, 1]
+
+
+def test_colocation_groups_stay_together() -> None:
+    t = training_graph(CHAINS)
+    for name in PLACERS:
+        p = place(t, cluster(), name, "topo").placement
+        fwd, bwd = p[:6], p[6:]
+        assert fwd.tolist() == bwd.tolist(), name
+    free = place(t, cluster(3), "round_robin", colocate=False).placement
+    assert free[:6].tolist() != free[6:].tolist()
+
+
+# a chain of four 100-byte outputs on devices of 250 bytes: two ops per device at most
+TIGHT = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[10.0] * 4,
+                output_bytes=[100.0] * 4, meta={"name": "tight"})
+
+
+@pytest.mark.parametrize("name", sorted(set(PLACERS) - {"single"}))
+def test_placers_respect_memory(name: str) -> None:
+    r = place(TIGHT, cluster(memory=250.0), name)
+    assert r.feasible, r.placement
+    assert np.all(r.peak_memory <= 250.0)
+    assert len(set(r.placement.tolist())) == 2
+
+
+@pytest.mark.parametrize("name", sorted(PLACERS))
+def test_infeasible_is_reported(name: str) -> None:
+    r = place(TIGHT, cluster(memory=50.0), name)
+    assert not r.feasible
+    assert r.peak_memory.max() > 50.0
+    if name == "single":  # two live tensors at a time: 200 B
+        assert place(TIGHT, cluster(memory=200.0), name).feasible
+        assert not place(TIGHT, cluster(memory=199.0), name).feasible
+
+
+@settings(max_examples=50, deadline=None)
+@given(dags_with_placement(n_devices=3, max_nodes=20), st.integers(0, 2**16))
+def test_memory_estimate_bounds_the_simulated_peak(case: tuple, seed: int) -> None:
+    g, p = case
+    book = DeviceBook(g, cluster(3), colocate=False)
+    for v in np.random.default_rng(seed).permutation(g.n_nodes).tolist():
+        book.assign(v, int(p[v]))
+    peak = simulate(g, p, cluster(3)).peak_memory
+    assert np.all(peak <= np.array(book.used) * (1 + 1e-9) + 1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(random_dags(max_nodes=20, with_time=True), st.sampled_from(["topo", "bfs", "random"]))
+def test_every_placer_gives_a_valid_deterministic_placement(g: OpGraph, order: str) -> None:
+    c = load_cluster("k80x3")
+    for name in PLACERS:
+        r = place(g, c, name, order, seed=4)
+        assert r.placement.dtype == np.int64 and r.placement.shape == (g.n_nodes,)
+        assert r.placement.min(initial=0) >= 0 and r.placement.max(initial=0) < 3
+        assert r.step_time_us >= r.lower_bound_us * (1 - 1e-12)
+        assert r.placement.tolist() == place(g, c, name, order, seed=4).placement.tolist()
+
+
+def test_result_to_dict_is_json_ready() -> None:
+    r = place(CHAINS, cluster(), "greedy")
+    d = r.to_dict()
+    assert json.loads(json.dumps(d))["placement"] == [0, 0, 0, 1, 1, 1]
+    assert set(d) == {"placement", "step_time_us", "lower_bound_us", "efficiency",
+                      "feasible", "peak_memory", "placer", "order", "seed", "wall_s",
+                      "learning_curve"}
+    assert d["wall_s"] >= 0 and d["learning_curve"] is None
+
+
+def test_registered_placer_with_learning_curve() -> None:
+    def toy(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int
+            ) -> tuple[np.ndarray, list[float]]:
+        return np.zeros(graph.n_nodes, dtype=np.int64), [3.0, 2.0]
+
+    register_placer("toy_test", toy)
+    try:
+        r = place(CHAINS, cluster(), "toy_test")
+        assert r.learning_curve == [3.0, 2.0] and r.step_time_us == 60.0
+    finally:
+        del PLACERS["toy_test"]
+
+
+def test_bad_input() -> None:
+    with pytest.raises(TravorderError, match=r"unknown placer 'best'; valid placers: "
+                                             r"contiguous, greedy, m_etf"):
+        place(CHAINS, cluster(), "best")
+    with pytest.raises(TravorderError, match=r"unknown order 'deep'"):
+        place(CHAINS, cluster(), "greedy", "deep")
+    with pytest.raises(TravorderError, match=r"placer 'greedy' has no option 'steps' "
+                                             r"\(options: colocate\)"):
+        place(CHAINS, cluster(), "greedy", steps=3)
+    with pytest.raises(TravorderError, match=r"placer 'single' has no option 'colocate' "
+                                             r"\(options: none\)"):
+        place(CHAINS, cluster(), "single", colocate=True)
+    with pytest.raises(TravorderError, match="unknown cluster"):
+        place(CHAINS, "k80x99", "greedy")
+
+
+def test_greedy_on_an_empty_graph() -> None:
+    g = OpGraph([], [], [])
+    assert greedy(g, cluster(), np.array([], dtype=np.int64), 0).tolist() == []
+    r = place(g, cluster(), "m_sct")
+    assert r.placement.tolist() == [] and r.step_time_us == 0.0
+
+
+# ---------------------------------------------------------------- placement files
+
+
+def saved(tmp_path, g: OpGraph = CHAINS, c: Cluster | None = None) -> tuple:
+    c = c or cluster()
+    r = place(g, c, "greedy")
+    path = tmp_path / "p.json"
+    save_placement(r, g, c, path)
+    return r, path
+
+
+def test_placement_file_round_trip(tmp_path) -> None:
+    r, path = saved(tmp_path)
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "travorder.placement" and doc["format_version"] == 1
+    assert doc["graph"] == {"name": "chains", "graph_hash": CHAINS.graph_hash, "n_nodes": 6}
+    assert doc["placement"] == {"a1": 0, "a2": 0, "a3": 0, "b1": 1, "b2": 1, "b3": 1}
+    assert doc["devices"] == ["g0", "g1"]
+    assert doc["cluster"]["name"] == "test"
+    assert doc["cluster"]["devices"][0]["memory"] is None  # unlimited, strict JSON
+    assert (doc["step_time_us"], doc["efficiency"], doc["feasible"]) == (30.0, 1.0, True)
+    assert (doc["placer"], doc["order"], doc["seed"]) == ("greedy", "topo", 0)
+    p, doc2 = load_placement(path, CHAINS, cluster())
+    assert p.tolist() == r.placement.tolist() and doc2 == doc
+    # node order follows the graph given, whatever the file's order
+    shuffled = OpGraph(["b3", "b2", "b1", "a3", "a2", "a1"], [5, 4, 2, 1], [4, 3, 1, 0],
+                       time_us=[10.0] * 6, edge_bytes=[1000.0] * 4)
+    doc["graph"]["graph_hash"] = shuffled.graph_hash
+    path.write_text(json.dumps(doc))
+    assert load_placement(path, shuffled)[0].tolist() == [1, 1, 1, 0, 0, 0]
+    assert load_placement(path)[0].tolist() == [0, 0, 0, 1, 1, 1]
+
+
+def test_placement_file_errors(tmp_path) -> None:
+    _, path = saved(tmp_path)
+    other = OpGraph(["x"], [], [], meta={"name": "other"})
+    with pytest.raises(TravorderError, match=rf"^placement is for graph "
+                                             rf"{CHAINS.graph_hash[:12]}, not "
+                                             rf"{other.graph_hash[:12]} \('other'\)$"):
+        load_placement(path, other)
+    with pytest.raises(TravorderError, match=r"placement is for 2 devices, cluster 'k80x3' "
+                                             r"has 3"):
+        load_placement(path, CHAINS, load_cluster("k80x3"))
+    doc = json.loads(path.read_text())
+
+    def write(**changes: object) -> None:
+        path.write_text(json.dumps({**doc, **changes}))
+
+    write(placement={**doc["placement"], "a1": 2})
+    with pytest.raises(TravorderError, match=r"puts node 'a1' on device 2; valid devices "
+                                             r"are 0\.\.1"):
+        load_placement(path, CHAINS)
+    write(placement={**doc["placement"], "b3": "1"})
+    with pytest.raises(TravorderError, match="puts node 'b3' on device '1'"):
+        load_placement(path)
+    write(placement={k: v for k, v in doc["placement"].items() if k != "a2"})
+    with pytest.raises(TravorderError, match="does not place node 'a2'"):
+        load_placement(path, CHAINS)
+    write(placement={**doc["placement"], "zz": 0})
+    with pytest.raises(TravorderError, match="places node 'zz', which graph 'chains' lacks"):
+        load_placement(path, CHAINS)
+    write(format_version=2)
+    with pytest.raises(FormatError, match="format version 2; this travorder reads version 1"):
+        load_placement(path)
+    write(format="something.else")
+    with pytest.raises(FormatError, match="is not a travorder placement file"):
+        load_placement(path)
+    path.write_text("{not json")
+    with pytest.raises(FormatError, match="invalid JSON"):
+        load_placement(path)
+    with pytest.raises(FormatError, match="no such placement file"):
+        load_placement(tmp_path / "missing.json")
+
+
+def test_save_rejects_a_placement_of_another_graph(tmp_path) -> None:
+    r = place(CHAINS, cluster(), "greedy")
+    with pytest.raises(TravorderError, match="the placement has 6 entries, graph 'fork' has 3"):
+        save_placement(r, FORK, cluster(), tmp_path / "p.json")
+
+
+def test_placement_result_is_frozen() -> None:
+    r = place(FORK, cluster(), "single")
+    assert isinstance(r, PlacementResult)
+    with pytest.raises(AttributeError):
+        r.step_time_us = 1.0  # type: ignore[misc]

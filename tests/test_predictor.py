@@ -1,0 +1,183 @@
+"""OrderPredictor, its evaluation, model files, the library API and `recommend-order`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pandas as pd
+import pytest
+
+from travorder.api import place, recommend_order
+from travorder.cli import recommend_main
+from travorder.datasets.onnx_examples import residual_cnn
+from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
+from travorder.errors import FormatError, TravorderError
+from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
+from travorder.graph import training_graph
+from travorder.predictor.dataset import design_matrix
+from travorder.predictor.evaluate import evaluate
+from travorder.predictor.model import KINDS, MANIFEST, OrderPredictor
+
+ORDERS = ["topo", "bfs", "dfs_preorder"]
+
+
+@pytest.fixture(scope="module")
+def frame() -> pd.DataFrame:
+    """A small dataset whose best order is a known function of the features: `bfs` wins on
+    parallel graphs (parallelism > 1.15), `topo` on the rest, `dfs_preorder` never."""
+    rows = []
+    for fam in ("chain", "resnet", "inception", "rnn", "transformer"):
+        for seed in range(4):
+            g = training_graph(SYNTHETIC_FAMILIES[fam](seed=seed))
+            f = graph_features(g)
+            wide = f["parallelism"] > 1.15
+            for cluster in ("k80x3", "v100x4-nvlink"):
+                rows.append({"family": fam, "cluster": cluster, "graph_hash": g.graph_hash,
+                             **{f"f_{k}": v for k, v in f.items()},
+                             "time_topo": 1.3 if wide else 1.0,
+                             "time_bfs": 1.0 if wide else 1.4,
+                             "time_dfs_preorder": 2.0, "ties": ""})
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture(scope="module")
+def model_dir(frame, tmp_path_factory) -> str:
+    data = design_matrix(frame)
+    out = tmp_path_factory.mktemp("model")
+    OrderPredictor("classifier", n_estimators=30, min_child_samples=2).fit(
+        data.X, data.times).save(out, feature_schema_version=FEATURE_SCHEMA_VERSION)
+    return str(out)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_save_load_round_trip_predicts_identically(frame, kind, tmp_path):
+    data = design_matrix(frame)
+    p = OrderPredictor(kind, n_estimators=20, min_child_samples=2).fit(data.X, data.times)
+    p.save(tmp_path, feature_schema_version=FEATURE_SCHEMA_VERSION)
+    q, manifest = OrderPredictor.load(tmp_path)
+    assert manifest["kind"] == kind and manifest["classes"] == ORDERS
+    assert list(q.feature_names_in_) == list(data.X.columns)
+    np.testing.assert_array_equal(p.predict(data.X), q.predict(data.X))
+    np.testing.assert_allclose(p.predict_proba(data.X), q.predict_proba(data.X))
+    np.testing.assert_allclose(p.explain(data.X[:3]), q.explain(data.X[:3]))
+
+
+def test_learns_the_rule_and_beats_fixed_orders(frame):
+    data = design_matrix(frame)
+    ev = evaluate(data, kinds=("classifier",), params={"n_estimators": 30,
+                                                       "min_child_samples": 2})
+    t = ev.table
+    assert t.loc["oracle", "mean_regret"] == 0 and t.loc["oracle", "top1"] == 1
+    assert t.loc["always-dfs_preorder", "mean_regret"] == pytest.approx(
+        (data.times["dfs_preorder"] / data.times.min(axis=1) - 1).mean())
+    assert ev.best_fixed in ("always-topo", "always-bfs")
+    assert t.loc["classifier", "mean_regret"] < t.loc[ev.best_fixed, "mean_regret"]
+
+
+def test_ties_count_as_hits(frame):
+    tied = frame.assign(ties="topo;bfs")
+    ev = evaluate(design_matrix(tied), kinds=(), params={})
+    assert ev.table.loc["always-topo", "top1"] == 1.0
+    assert ev.table.loc["always-dfs_preorder", "top1"] == 0.0
+
+
+def test_fit_rejects_bad_times(frame):
+    data = design_matrix(frame)
+    with pytest.raises(TravorderError, match="finite and positive"):
+        OrderPredictor().fit(data.X, data.times * 0)
+    with pytest.raises(TravorderError, match="unknown predictor kind"):
+        OrderPredictor("oracle").fit(data.X, data.times)
+
+
+@pytest.fixture(scope="module")
+def onnx_model(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("m") / "resnet.onnx"
+    onnx.save(residual_cnn(), path)
+    return str(path)
+
+
+def test_recommendation_is_a_distribution_over_orders(model_dir, onnx_model):
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, explain=True)
+    assert rec.order in ORDERS and rec.runner_up in ORDERS and rec.order != rec.runner_up
+    assert sum(rec.probabilities.values()) == pytest.approx(1.0)
+    assert rec.probability >= rec.runner_up_probability
+    assert rec.runner_up_regret == pytest.approx(rec.expected_regret[rec.runner_up])
+    assert rec.contributions is not None and len(rec.contributions) > 10
+
+
+def test_prediction_ignores_node_names_and_numbering(model_dir, onnx_model):
+    from travorder.graph import load_graph
+
+    g = load_graph(onnx_model)
+    perm = np.random.default_rng(0).permutation(g.n_nodes)
+    shuffled = g.permute(perm).replace(names=[f"node{i}" for i in range(g.n_nodes)])
+    a = recommend_order(g, "k80x3", predictor=model_dir)
+    b = recommend_order(shuffled, "k80x3", predictor=model_dir)
+    assert a.order == b.order and a.probabilities == pytest.approx(b.probabilities)
+
+
+def test_place_auto_uses_the_recommended_order(model_dir, onnx_model):
+    rec = recommend_order(onnx_model, "v100x4-nvlink", predictor=model_dir)
+    r = place(onnx_model, "v100x4-nvlink", predictor=model_dir)
+    assert r.order == rec.order and r.placer == "greedy" and r.feasible
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = recommend_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_recommend_order_cli_json_and_place(capsys, model_dir, onnx_model, tmp_path):
+    out_path = tmp_path / "placement.json"
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--json", "--place",
+                        str(out_path))
+    doc = json.loads(out)
+    assert code == 0 and doc["order"] in ORDERS
+    assert json.loads(out_path.read_text())["order"] == doc["order"]
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--explain")
+    assert code == 0 and "recommended order" in out and "features that drove it" in out
+
+
+def _corrupt(model_dir: str, tmp_path, how: str) -> str:
+    import shutil
+
+    d = tmp_path / how
+    shutil.copytree(model_dir, d)
+    manifest = json.loads((d / MANIFEST).read_text())
+    if how == "schema":
+        manifest["feature_schema_version"] = FEATURE_SCHEMA_VERSION + 1
+    elif how == "truncated":
+        text = (d / "model_0.txt").read_text()
+        (d / "model_0.txt").write_text(text[: len(text) // 3])
+    elif how == "mismatch":
+        manifest["feature_names"] = manifest["feature_names"][:-2]
+    (d / MANIFEST).write_text(json.dumps(manifest))
+    return str(d)
+
+
+@pytest.mark.parametrize(("how", "message"), [
+    ("schema", "feature schema"), ("truncated", "broken LightGBM model"),
+    ("mismatch", "manifest does not match its model")])
+def test_bad_model_files_exit_2_with_one_line(capsys, model_dir, onnx_model, tmp_path, how,
+                                              message):
+    bad = _corrupt(model_dir, tmp_path, how)
+    code, _, err = _run(capsys, onnx_model, "--predictor", bad)
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_missing_model_dir(tmp_path):
+    with pytest.raises(FormatError, match="no predictor here"):
+        OrderPredictor.load(tmp_path)
+
+
+def test_recommend_path_never_imports_torch(model_dir, onnx_model):
+    code = ("import sys; from travorder.cli import recommend_main; "
+            f"rc = recommend_main([{onnx_model!r}, '--predictor', {model_dir!r}, '--json']); "
+            "assert rc == 0; assert 'torch' not in sys.modules, 'torch was imported'")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
