@@ -6,6 +6,7 @@ import gzip
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import onnx
 import pytest
@@ -89,7 +90,7 @@ def _cyclic_onnx() -> onnx.ModelProto:
 
 
 def _bad_files(tmp_path, model):
-    onnx_bytes = open(model, "rb").read()
+    onnx_bytes = Path(model).read_bytes()
     future = graph_to_dict(OpGraph.from_records([{"name": "a"}], []))
     future["format_version"] = 99
     dnn = {"nodes": [{"id": 1, "fpgaLatency": 0.5, "size": 4, "colorClass": 0,
@@ -113,7 +114,7 @@ def _bad_files(tmp_path, model):
 
 def test_bad_model_files_get_one_line_and_exit_2(capsys, model, tmp_path):
     for name, message in _bad_files(tmp_path, model).items():
-        code, out, err = run(capsys, "info", str(tmp_path / name))
+        code, _out, err = run(capsys, "info", str(tmp_path / name))
         assert code == 2, name
         assert err.count("\n") == 1 and err.startswith("error: "), (name, err)
         assert message.lower() in err.lower(), (name, err)
@@ -147,7 +148,7 @@ def _placement_cases(tmp_path, model, capsys):
 
 def test_bad_placement_input_gets_one_line_and_exit_2(capsys, model, tmp_path):
     for argv, message in _placement_cases(tmp_path, model, capsys):
-        code, out, err = run(capsys, *argv)
+        code, _out, err = run(capsys, *argv)
         assert code == 2, argv
         assert err.count("\n") == 1 and message in err, (argv, err)
 

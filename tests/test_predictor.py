@@ -79,7 +79,7 @@ def test_learns_the_rule_and_beats_fixed_orders(frame):
 
 
 def test_ties_count_as_hits(frame):
-    tied = frame.assign(ties="topo;bfs")
+    tied = frame.assign(ties="topo,bfs")
     ev = evaluate(design_matrix(tied), kinds=(), params={})
     assert ev.table.loc["always-topo", "top1"] == 1.0
     assert ev.table.loc["always-dfs_preorder", "top1"] == 0.0

@@ -24,6 +24,7 @@ from travorder.placement.placers import PlacementResult
 from travorder.placement.placers import place as place_graph
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
+from travorder.study.spec import prepare_graph
 
 
 @dataclass(frozen=True)
@@ -85,8 +86,11 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     """
     g = as_graph(model, example_inputs)
     c = load_cluster(cluster)
-    est, _, description = load_predictor(predictor)
-    X = feature_row(graph_features(training_graph(g)), c)
+    est, manifest, description = load_predictor(predictor)
+    # Features of the graph as the study that trained the predictor placed it.
+    prepared = prepare_graph(g, manifest.get("training", True),
+                             manifest.get("coarsen_max_nodes", 0))
+    X = feature_row(graph_features(prepared), c)
     proba = est.predict_proba(X)[0]
     regret = est.expected_regret(X)[0]
     ranked = np.argsort(-est.scores(X)[0], kind="stable")

@@ -224,6 +224,72 @@ def cmd_simulate(args: argparse.Namespace) -> None:
                [("bytes moved", _human(r.bytes_moved, "B"))])
 
 
+# --------------------------------------------------------------------------- predictor
+def _print_evaluation(ev: Any, per_family: bool) -> None:
+    rows = [(m, f"{r.top1:.3f}", f"{r.top2:.3f}", f"{100 * r.mean_regret:.2f}%",
+             f"{100 * r.p90_regret:.2f}%", f"{100 * r.worst_family_excess:+.2f}%")
+            for m, r in ev.table.iterrows()]
+    _table(f"leave-family-out evaluation (best fixed order: {ev.best_fixed})",
+           ["method", "top-1", "top-2", "mean regret", "p90 regret",
+            "worst family vs best fixed"], rows)
+    if per_family:
+        fam = ev.per_family
+        _table("mean regret per held-out family", ["method", *fam.columns],
+               [(m, *(f"{100 * v:.2f}%" for v in r)) for m, r in fam.iterrows()])
+
+
+def _kinds(text: str) -> list[str]:
+    from travorder.predictor.model import KINDS
+
+    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise TravorderError(f"unknown predictor kind {bad[0] if bad else text!r} "
+                             f"(expected {', '.join(KINDS)})")
+    return kinds
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    from travorder.predictor.active import install_as_default
+    from travorder.predictor.train import train_predictor
+
+    res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds))
+    _print_evaluation(res.evaluation, per_family=False)
+    print(f"trained a {res.kind} on {len(res.frame)} rows; wrote {args.out}")
+    if args.use_as_default:
+        print(f"installed as the default model: {install_as_default(args.out)}")
+
+
+def cmd_evaluate(args: argparse.Namespace) -> None:
+    from travorder.predictor.dataset import design_matrix
+    from travorder.predictor.evaluate import evaluate
+    from travorder.predictor.train import read_sources
+
+    frame = read_sources(args.data)
+    if args.placer:
+        frame = frame[frame["placer"] == args.placer]
+    ev = evaluate(design_matrix(frame), _kinds(args.kinds))
+    if args.json:
+        _print_json({**ev.summary(), "per_family": ev.per_family.to_dict()})
+        return
+    _print_evaluation(ev, per_family=True)
+
+
+def cmd_model_show(args: argparse.Namespace) -> None:
+    from travorder.predictor.active import load_predictor
+
+    _, manifest, where = load_predictor(args.predictor)
+    if args.json:
+        _print_json({"model": where, "manifest": manifest})
+        return
+    print(f"active model: {where}")
+    for key in ("kind", "placer", "orders", "clusters", "families", "n_rows",
+                "feature_schema_version", "data_hash", "chosen_because", "travorder_version"):
+        if key in manifest:
+            value = manifest[key]
+            print(f"  {key}: {', '.join(map(str, value)) if isinstance(value, list) else value}")
+
+
 # --------------------------------------------------------------------------- parser
 def _not_built(what: str) -> Callable[[argparse.Namespace], None]:
     def handler(_: argparse.Namespace) -> None:
@@ -289,9 +355,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="preset name or cluster file (default: the placement's)")
     p.set_defaults(func=cmd_simulate)
 
-    for name, what in [("study", "`travorder study`"), ("train", "`travorder train`"),
-                       ("evaluate", "`travorder evaluate`"), ("model", "`travorder model`"),
-                       ("calibrate", "`travorder calibrate`")]:
+    data_opts = argparse.ArgumentParser(add_help=False)
+    data_opts.add_argument("--data", nargs="+", default=["bundled:greedy"], metavar="SRC",
+                           help="result stores (.sqlite), datasets (.parquet/.csv) or "
+                                "bundled:greedy / bundled:rl (default: bundled:greedy)")
+    data_opts.add_argument("--placer", help="learn from this placer's results")
+    data_opts.add_argument("--kinds", default="classifier,regressor,ranker",
+                           help="predictor kinds to compare (comma-separated)")
+
+    p = sub.add_parser("train", parents=[data_opts],
+                       help="train the order predictor on study results")
+    p.add_argument("--out", required=True, help="directory for the model")
+    p.add_argument("--use-as-default", action="store_true",
+                   help="install the model so that recommend-order uses it")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", parents=[data_opts],
+                       help="leave-family-out evaluation of the predictor kinds")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("model", help="the active order-prediction model")
+    msub = p.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
+    q = msub.add_parser("show", help="which model recommend-order uses, and its manifest")
+    q.add_argument("--predictor", metavar="DIR", help="show this model directory instead")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.set_defaults(func=cmd_model_show)
+
+    for name, what in [("study", "`travorder study`"), ("calibrate", "`travorder calibrate`"),
+                       ("zoo", "`travorder zoo`")]:
         p = sub.add_parser(name, help=f"{what} (not built yet)")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=_not_built(what))

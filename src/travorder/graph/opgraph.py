@@ -64,9 +64,10 @@ class OpGraph:
     graph metadata (``name``, ``family``, ``source``, ``batch_size``, ``dtype`` and any
     importer notes such as ``unknown_shape_ops``).
 
-    Edges are stored sorted by ``(src, dst)``. Construction validates everything and raises :class:`~travorder.errors.GraphError`
-    with one clear message on the first violation: duplicate or empty names, edges out
-    of range, self-loops or duplicate edges, cycles, negative or non-finite costs.
+    Edges are stored sorted by ``(src, dst)``. Construction validates everything and
+    raises :class:`~travorder.errors.GraphError` with one clear message on the first
+    violation: duplicate or empty names, edges out of range, self-loops or duplicate
+    edges, cycles, negative or non-finite costs.
     """
 
     names: np.ndarray
@@ -379,6 +380,12 @@ class OpGraph:
             if preds.size:
                 lev[v] = lev[preds].max() + 1
         return _frozen(lev)
+
+    @cached_property
+    def cost(self) -> np.ndarray:
+        """Per-node compute cost for orders and features: the measured ``time_us`` if every
+        node has one, else ``flops``."""
+        return _frozen(self.flops if np.isnan(self.time_us).any() else self.time_us)
 
     @cached_property
     def graph_hash(self) -> str:

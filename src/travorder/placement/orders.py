@@ -149,15 +149,9 @@ def alpha(g: OpGraph, seed: int = 0) -> np.ndarray:
     return np.argsort(g.names, kind="stable").astype(np.int64)
 
 
-def node_cost(g: OpGraph) -> np.ndarray:
-    """The compute cost used by `critical_path`: ``time_us`` if every node has one, else
-    ``flops``."""
-    return g.time_us.copy() if not np.isnan(g.time_us).any() else g.flops.copy()
-
-
 def bottom_levels(g: OpGraph, cost: np.ndarray | None = None) -> np.ndarray:
     """Longest path cost from each node to a sink, the node's own cost included."""
-    cost = node_cost(g) if cost is None else cost
+    cost = g.cost if cost is None else cost
     ptr, idx = g.succ_csr
     bl = np.zeros(g.n_nodes)
     for v in g.topo_order[::-1].tolist():
@@ -167,7 +161,7 @@ def bottom_levels(g: OpGraph, cost: np.ndarray | None = None) -> np.ndarray:
 
 
 def critical_path(g: OpGraph, seed: int = 0) -> np.ndarray:
-    """Descending bottom level (`bottom_levels` over `node_cost`), ties by `topo` position.
+    """Descending bottom level (`bottom_levels` over `OpGraph.cost`), ties by `topo` position.
 
     Costs are non-negative, so along an edge ``u -> v`` the bottom level never increases
     (``bl[u] >= cost[u] + bl[v] >= bl[v]``, also in floating point) and equal levels fall

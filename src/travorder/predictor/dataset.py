@@ -2,16 +2,15 @@
 
 A study dataset (``travorder study export``) has one row per (graph, cluster, placer):
 ``graph_hash``, ``family``, ``cluster``, graph features ``f_<name>``, and per order the
-median step time ``time_<order>``; ``ties`` lists the orders within noise of the best.
-`design_matrix` adds the cluster features ``c_<name>`` (from the cluster's preset, or the
-``cluster_json`` column a study writes for its own cluster files) and returns the
-features, the step-time table and the ties.
+median step time ``time_<order>``; ``ties`` lists the orders within noise of the best
+(comma-separated) and ``c_<name>`` are the cluster features. `design_matrix` returns the
+features, the step-time table and the ties; for a frame without cluster features it
+computes them from the ``cluster`` preset name (or a ``cluster_json`` column).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,13 +44,6 @@ def cluster_columns(cluster: Cluster) -> dict[str, float]:
     return {f"c_{k}": v for k, v in cluster_features(cluster).items()}
 
 
-def _cluster_of(row: pd.Series) -> Cluster:
-    text = row.get("cluster_json")
-    if isinstance(text, str) and text:
-        return Cluster.from_dict(json.loads(text))
-    return load_cluster(str(row["cluster"]))
-
-
 def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> TrainingData:
     """Split a study dataset into features, step times, ties and families.
 
@@ -73,16 +65,18 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     frame = frame[frame[cols].notna().all(axis=1)].reset_index(drop=True)
     if frame.empty:
         raise TravorderError("dataset has no row with step times for every order")
-    clusters = {c: cluster_columns(_cluster_of(r)) for c, r in
-                frame.drop_duplicates("cluster").set_index("cluster", drop=False).iterrows()}
     feats = frame[[c for c in frame.columns if c.startswith("f_")]].astype(float)
-    cfeats = pd.DataFrame([clusters[c] for c in frame["cluster"]],
-                          columns=[f"c_{n}" for n in CLUSTER_FEATURE_NAMES])
+    cnames = [f"c_{n}" for n in CLUSTER_FEATURE_NAMES]
+    if set(cnames) <= set(frame.columns):
+        cfeats = frame[cnames].astype(float)
+    else:
+        clusters = {c: cluster_columns(load_cluster(c)) for c in frame["cluster"].unique()}
+        cfeats = pd.DataFrame([clusters[c] for c in frame["cluster"]], columns=cnames)
     times = frame[cols].astype(float)
     times.columns = orders
     best = times.idxmin(axis=1)
     tie_text = frame["ties"] if "ties" in frame.columns else pd.Series("", index=frame.index)
-    ties = [frozenset({b} | (set(t.split(";")) & set(orders) if isinstance(t, str) else set()))
+    ties = [frozenset({b} | (set(t.split(",")) & set(orders) if isinstance(t, str) else set()))
             for b, t in zip(best, tie_text, strict=True)]
     return TrainingData(pd.concat([feats, cfeats], axis=1), times, ties,
                         frame["family"].astype(str).to_numpy(), frame)
