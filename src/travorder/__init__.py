@@ -22,6 +22,16 @@ _EXPORTS = {
     "training_graph": "travorder.graph",
     "coarsen": "travorder.graph",
     "graph_features": "travorder.featurize",
+    "ORDERS": "travorder.placement",
+    "PLACERS": "travorder.placement",
+    "PRESETS": "travorder.placement",
+    "Cluster": "travorder.placement",
+    "load_cluster": "travorder.placement",
+    "simulate": "travorder.placement",
+    "Simulator": "travorder.placement",
+    "recommend_order": "travorder.api",
+    "place": "travorder.api",
+    "Recommendation": "travorder.api",
     "TravorderError": "travorder.errors",
 }
 

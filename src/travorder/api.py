@@ -56,14 +56,15 @@ class Recommendation:
 
 def as_graph(model: Any, example_inputs: Any = None) -> OpGraph:
     """An `OpGraph` from a path, an OpGraph, an ``onnx.ModelProto`` or a torch module with
-    example inputs (the module is exported to ONNX in memory)."""
+    example inputs (captured with torch.fx, so that a placement of it can be applied to
+    the module with `travorder.placement.launch.apply`)."""
     torch = sys.modules.get("torch")  # a torch module can only exist if torch is loaded
     if torch is not None and isinstance(model, torch.nn.Module):
         if example_inputs is None:
             raise TravorderError("a torch module needs example_inputs to be traced")
-        from travorder.graph.torch_import import from_torch
+        from travorder.placement.capture import capture_graph
 
-        return from_torch(model, example_inputs)
+        return capture_graph(model, example_inputs)
     if type(model).__name__ == "ModelProto":
         from travorder.graph.onnx_import import read_onnx
 

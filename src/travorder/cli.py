@@ -168,7 +168,7 @@ def cmd_clusters(args: argparse.Namespace) -> None:
 def _cluster_text(c: Any) -> str:
     lines = [f"{c.name}: {c.n_devices} devices, link model {c.link_model}"]
     lines += [f"  {d.name}: {_human(d.peak_flops, 'FLOP/s')}, {_human(d.mem_bw, 'B/s')}, "
-              f"memory {_human(d.memory, 'B')}, gap {d.launch_us} us" for d in c.devices]
+              f"memory {_human(d.memory, 'B')}, gap {d.launch_us:.1f} us" for d in c.devices]
     return "\n".join(lines)
 
 
@@ -222,6 +222,14 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     _print_sim(f"{g.name} on {cluster.name}", r.step_time_us, r.lower_bound_us, r.efficiency,
                r.feasible, r.peak_memory, cluster,
                [("bytes moved", _human(r.bytes_moved, "B"))])
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    try:
+        from travorder.placement.calibrate import calibrate_command
+    except ImportError:
+        raise TravorderError("calibrate needs torch: pip install 'travorder[torch]'") from None
+    calibrate_command(args.devices, args.out, quick=args.quick, link_model=args.link_model)
 
 
 # --------------------------------------------------------------------------- predictor
@@ -382,8 +390,17 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_model_show)
 
-    for name, what in [("study", "`travorder study`"), ("calibrate", "`travorder calibrate`"),
-                       ("zoo", "`travorder zoo`")]:
+    p = sub.add_parser("calibrate", help="measure this machine's devices and links into a "
+                                          "cluster file")
+    p.add_argument("--devices", help="comma-separated torch devices, e.g. cuda:0,cuda:1 "
+                                     "(default: every GPU, or the CPU without one)")
+    p.add_argument("--out", required=True, help="cluster file to write (.toml or .json)")
+    p.add_argument("--link-model", default="link", choices=["bus", "channel", "link"],
+                   help="how transfers share links (default: link)")
+    p.add_argument("--quick", action="store_true", help="small sizes: a fast, rough check")
+    p.set_defaults(func=cmd_calibrate)
+
+    for name, what in [("study", "`travorder study`"), ("zoo", "`travorder zoo`")]:
         p = sub.add_parser(name, help=f"{what} (not built yet)")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=_not_built(what))
@@ -399,6 +416,10 @@ def _run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) -
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

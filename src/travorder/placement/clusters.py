@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -284,6 +285,46 @@ def load_cluster(name_or_path: str | Path | Cluster) -> Cluster:
         return _read_cluster_file(path)
     raise TravorderError(f"unknown cluster {str(name_or_path)!r}: not a preset "
                          f"({', '.join(PRESETS)}) nor a .toml/.json file")
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, str):
+        return json.dumps(v)  # TOML basic strings take JSON's escapes
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return str(v)
+
+
+def cluster_toml(cluster: Cluster) -> str:
+    """The TOML text of a cluster file for ``cluster`` (what `load_cluster` reads)."""
+    doc = cluster.to_dict()
+    lines = [f"{k} = {_toml_value(v)}" for k, v in doc.items()
+             if k not in ("devices", "links")]
+    for dev in doc["devices"]:
+        lines += ["", "[[devices]]", *(f"{k} = {_toml_value(v)}" for k, v in dev.items())]
+    lines += ["", "[links]", *(f"{k} = {_toml_value(v)}" for k, v in doc["links"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def save_cluster(cluster: Cluster, path: str | os.PathLike[str]) -> None:
+    """Write ``cluster`` as a ``.toml`` or ``.json`` cluster file."""
+    p = Path(path)
+    suffix = p.suffix.lower()
+    if suffix == ".toml":
+        text = cluster_toml(cluster)
+    elif suffix == ".json":
+        text = json.dumps(cluster.to_dict(), indent=2) + "\n"
+    else:
+        raise TravorderError(f"cluster file {str(p)!r} must end in .toml or .json")
+    try:
+        p.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise TravorderError(f"cannot write cluster file {str(p)!r}: {exc.strerror}"
+                             ) from None
 
 
 def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:

@@ -80,7 +80,8 @@ class PlacementResult:
     ``efficiency`` (lower bound / step time), ``feasible`` (every device's peak memory
     fits) and ``peak_memory`` (bytes per device) come from the simulator; ``wall_s`` is
     the time spent computing the order and running the placer; ``learning_curve`` the
-    step time per episode for placers that learn, else None.
+    step time per episode for placers that learn, else None; ``graph_hash`` that of the
+    placed graph.
     """
 
     placement: np.ndarray
@@ -94,6 +95,7 @@ class PlacementResult:
     seed: int
     wall_s: float
     learning_curve: list[float] | None = None
+    graph_hash: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (arrays as lists)."""
@@ -109,6 +111,7 @@ class PlacementResult:
             "seed": self.seed,
             "wall_s": self.wall_s,
             "learning_curve": self.learning_curve,
+            "graph_hash": self.graph_hash,
         }
 
 
@@ -144,4 +147,5 @@ def place(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
         lower_bound_us=sim.lower_bound_us, efficiency=sim.efficiency,
         feasible=sim.feasible, peak_memory=sim.peak_memory, placer=placer, order=order,
         seed=seed, wall_s=wall, learning_curve=None if curve is None else list(curve),
+        graph_hash=graph.graph_hash,
     )

@@ -1,0 +1,239 @@
+"""Capture a ``torch.nn.Module`` into an `OpGraph` whose nodes are the module's torch.fx nodes.
+
+The module is traced with ``torch.fx.symbolic_trace`` and run once on the example inputs
+with fake tensors (shapes and dtypes only, no computation, so capturing a large model is
+cheap), or for real if an op needs the data (``nonzero``, ``item``); either way without
+gradients, and with its buffers and the random number generators restored afterwards.
+Every ``call_module``, ``call_function`` and ``call_method`` node is an op of the
+`OpGraph`, under the fx node's name, so a placement of the graph maps back to the code
+that runs (see :mod:`travorder.placement.launch`). Per op:
+
+- ``op_type``: the module's class name (``Conv2d``), the function's name (``relu``) or the
+  method's name (``view``);
+- ``flops``: forward FLOPs counted by ``torch.utils.flop_counter.FlopCounterMode`` while
+  the node runs (matrix products and convolutions; elementwise ops count 0);
+- ``output_bytes``: bytes of the tensors in the node's output (0 for non-tensor values
+  such as sizes);
+- ``param_bytes``: bytes of the parameters this op is the *first user* of, in node order,
+  so each parameter is counted once: a module's parameters belong to its first call, and
+  a parameter read directly (an fx ``get_attr`` node) to the first op that consumes it.
+  Buffers (e.g. BatchNorm statistics) are not counted.
+
+``placeholder`` (inputs), ``get_attr`` (parameters, buffers, constants) and ``output``
+nodes are not ops: an edge joins two ops when one consumes the other's output, carrying
+the producer's ``output_bytes``.
+
+>>> import torch
+>>> cap = capture(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()),
+...               (torch.ones(2, 4),))
+>>> cap.graph.names.tolist(), cap.graph.flops.tolist(), cap.graph.param_bytes.tolist()
+(['_0', '_1'], [48.0, 0.0], [60.0, 0.0])
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+    UnsupportedOperatorException,
+)
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+from travorder.errors import TravorderError
+from travorder.graph.opgraph import OpGraph
+
+#: fx node kinds that are ops of the captured graph.
+OP_KINDS = ("call_module", "call_function", "call_method")
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A traced module and its `OpGraph`.
+
+    ``module`` is the ``torch.fx.GraphModule`` (sharing the original's parameters);
+    ``graph`` has one node per op of ``module.graph``, in the same order and under the
+    same names; ``tensor_users`` maps each parameter, buffer and constant tensor the ops
+    use (by its qualified name in ``module``) to the names of the ops using it, in node
+    order: its first user owns it.
+    """
+
+    module: fx.GraphModule
+    graph: OpGraph
+    tensor_users: Mapping[str, tuple[str, ...]]
+
+
+def as_inputs(example_inputs: Any) -> tuple[Any, ...]:
+    """The positional arguments of a forward call: one tensor, or a tuple/list of them."""
+    if isinstance(example_inputs, tuple | list):
+        return tuple(example_inputs)
+    return (example_inputs,)
+
+
+def trace(module: torch.nn.Module) -> fx.GraphModule:
+    """``torch.fx.symbolic_trace``, with a failure reported as a `TravorderError`."""
+    if not isinstance(module, torch.nn.Module):
+        raise TravorderError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    try:
+        return fx.symbolic_trace(module)
+    except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError...
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TravorderError(f"cannot trace {type(module).__name__} with torch.fx: {msg}"
+                             ) from None
+
+
+def _op_type(gm: fx.GraphModule, node: fx.Node) -> str:
+    if node.op == "call_module":
+        return type(gm.get_submodule(node.target)).__name__
+    if node.op == "call_method":
+        return str(node.target)
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def _nbytes(value: Any) -> int:
+    return sum(x.numel() * x.element_size() for x in tree_leaves(value)
+               if isinstance(x, torch.Tensor))
+
+
+def node_tensors(gm: fx.GraphModule) -> dict[str, dict[str, torch.Tensor]]:
+    """For each ``call_module`` and ``get_attr`` node: the module tensors it touches.
+
+    Tensors are keyed by their qualified name in ``gm`` (a tied tensor by its first name);
+    a ``get_attr`` of a plain tensor attribute (an fx constant) by its target.
+    """
+    names = {id(t): n for n, t in [*gm.named_parameters(), *gm.named_buffers()]}
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            sub = gm.get_submodule(node.target)
+            out[node.name] = {names[id(t)]: t
+                              for t in [*sub.parameters(), *sub.buffers()]}
+        elif node.op == "get_attr":
+            value = _get_attr(gm, node.target)
+            if isinstance(value, torch.Tensor):
+                out[node.name] = {names.get(id(value), node.target): value}
+    return out
+
+
+def _get_attr(gm: fx.GraphModule, target: str) -> Any:
+    owner, _, attr = target.rpartition(".")
+    return getattr(gm.get_submodule(owner), attr)
+
+
+def tensor_users(gm: fx.GraphModule) -> dict[str, tuple[str, ...]]:
+    """Module tensor name -> the op nodes using it, in node order (see `Capture`)."""
+    per_node = node_tensors(gm)
+    users: dict[str, list[str]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_module":
+            for name in per_node[node.name]:
+                users.setdefault(name, []).append(node.name)
+        elif node.name in per_node:  # a get_attr: its consumers use the tensor
+            (name,) = per_node[node.name]
+            ops = [u.name for u in node.users if u.op in OP_KINDS]
+            users.setdefault(name, []).extend(ops)
+    order = {node.name: i for i, node in enumerate(gm.graph.nodes)}
+    return {k: tuple(sorted(dict.fromkeys(v), key=order.__getitem__))
+            for k, v in users.items() if v}
+
+
+@contextlib.contextmanager
+def _side_effect_free(gm: fx.GraphModule, inputs: Sequence[Any]) -> Iterator[None]:
+    """Restore buffers (BatchNorm statistics) and the RNG states after a forward run."""
+    cuda = sorted({t.device.index or 0 for t in [*gm.parameters(), *gm.buffers(),
+                                                 *tree_leaves(inputs)]
+                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+    saved = [(b, b.clone()) for b in gm.buffers()]
+    with torch.random.fork_rng(devices=cuda), torch.no_grad():
+        try:
+            yield
+        finally:
+            for b, v in saved:
+                b.copy_(v)
+
+
+#: What fake tensors cannot run: ops whose output shape or value depends on the data,
+#: and ops without a shape function. Those models are run for real.
+_NEEDS_DATA = (DataDependentOutputException, DynamicOutputShapeException,
+               UnsupportedOperatorException)
+
+
+class _Profiler(fx.Interpreter):
+    """Runs the graph, recording each node's FLOPs and output bytes."""
+
+    def __init__(self, gm: fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.counter = FlopCounterMode(display=False)
+        self.flops: dict[str, int] = {}
+        self.nbytes: dict[str, int] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        before = self.counter.get_total_flops()
+        out = super().run_node(n)
+        self.flops[n.name] = self.counter.get_total_flops() - before
+        self.nbytes[n.name] = _nbytes(out)
+        return out
+
+    def profile(self, inputs: Sequence[Any], fake: bool) -> None:
+        mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+        with _side_effect_free(self.module, inputs), mode, self.counter:
+            self.run(*inputs)
+
+
+def capture(module: torch.nn.Module, example_inputs: Any, *, name: str | None = None
+            ) -> Capture:
+    """Trace ``module`` and measure it on ``example_inputs`` (see the module docstring).
+
+    ``example_inputs``: the forward call's positional arguments (a tensor or a tuple).
+    ``name`` becomes the graph's ``meta["name"]`` (default: the module's class name).
+    Raises `TravorderError` if the module cannot be traced or fails on the inputs.
+    """
+    inputs = as_inputs(example_inputs)
+    gm = trace(module)
+    profiler = _Profiler(gm)
+    try:
+        try:
+            profiler.profile(inputs, fake=True)
+        except _NEEDS_DATA:
+            profiler = _Profiler(gm)
+            profiler.profile(inputs, fake=False)
+    except Exception as exc:  # the user's model raised on the user's inputs
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TravorderError(f"{type(module).__name__} failed on the example inputs: {msg}"
+                             ) from None
+
+    users = tensor_users(gm)
+    params = {n: p for n, p in gm.named_parameters()}
+    owned: dict[str, int] = {}
+    for tname, ops in users.items():
+        if tname in params:
+            owned[ops[0]] = owned.get(ops[0], 0) + _nbytes(params[tname])
+    ops = [n for n in gm.graph.nodes if n.op in OP_KINDS]
+    op_names = {n.name for n in ops}
+    nodes = [{"name": n.name, "op_type": _op_type(gm, n), "flops": profiler.flops[n.name],
+              "output_bytes": profiler.nbytes[n.name], "param_bytes": owned.get(n.name, 0)}
+             for n in ops]
+    edges = [(p.name, n.name) for n in ops for p in n.all_input_nodes if p.name in op_names]
+    tensors = [t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)]
+    dtypes = [p.dtype for p in gm.parameters()] or [t.dtype for t in tensors]
+    graph = OpGraph.from_records(
+        nodes, edges,
+        name=name or type(module).__name__, source="torch.fx",
+        batch_size=int(tensors[0].shape[0]) if tensors and tensors[0].dim() else None,
+        dtype=str(dtypes[0]).removeprefix("torch.") if dtypes else None,
+    )
+    return Capture(module=gm, graph=graph, tensor_users=users)
+
+
+def capture_graph(module: torch.nn.Module, example_inputs: Any, *, name: str | None = None
+                  ) -> OpGraph:
+    """The `OpGraph` of :func:`capture`: what a placer places for the launcher."""
+    return capture(module, example_inputs, name=name).graph

@@ -1,0 +1,301 @@
+"""Apply a placement to a torch model: each op runs on its device, tensors move where an
+edge crosses devices, and the model trains like the original.
+
+The launcher path is :func:`travorder.placement.capture.capture_graph` (or
+``travorder.place(module, ...)``), a placer, then :func:`apply`; see docs/launch.md.
+
+:func:`apply` captures the module with torch.fx (:mod:`travorder.placement.capture`) and
+rewrites its graph:
+
+- every op (``call_module``/``call_function``/``call_method`` node) runs on the device its
+  placement names; an input produced on another device is copied there first, once per
+  (tensor, device) however many ops on that device use it; copies are differentiable, so
+  gradients flow back across devices and autograd runs each backward op on its forward
+  op's device (the backward half of a training-graph placement is implied by the forward
+  half);
+- model inputs are copied to the device of each op that consumes them; outputs stay on
+  the device of the op that made them unless ``output_device`` is given;
+- every parameter and buffer moves, in place, to the device of its *first user* (in node
+  order, the op that owns its ``param_bytes`` in the captured graph); an op on another
+  device that uses it (a module called at several places, a tied weight) gets a copy each
+  step, and the gradient of the copy flows back to the parameter. A module called off its
+  home device runs through ``torch.func.functional_call`` with copied tensors, so buffer
+  updates it makes in place (BatchNorm statistics) go to the copy and are lost.
+  Parameters no op uses stay where they are.
+
+Like ``Module.to``, ``apply`` moves the module's own parameters: the returned module
+shares them with ``module``. Build the optimizer from the returned module's parameters.
+Device slots are kept distinct even when two slots name the same device (``["cpu",
+"cpu"]``), so every copy and every off-home module call of a placement is in the code
+(``applied.code``) and exercised, as no-ops, on a machine without GPUs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import fx
+from torch.func import functional_call
+from torch.utils._pytree import tree_leaves, tree_map_only
+
+from travorder.errors import TravorderError
+from travorder.graph.opgraph import OpGraph
+from travorder.graph.training import training_graph
+from travorder.placement.capture import OP_KINDS, as_inputs, capture, node_tensors
+from travorder.placement.placement_file import load_placement
+
+
+def to_device(value: Any, device: str) -> Any:
+    """``value`` with every tensor in it copied to ``device`` (a transfer in the graph)."""
+    return tree_map_only(torch.Tensor, lambda t: t.to(device), value)
+
+
+def call_on_device(module: torch.nn.Module, device: str, /, *args: Any, **kwargs: Any
+                   ) -> Any:
+    """Call ``module`` on ``device`` with copies of its parameters and buffers there."""
+    tensors = {k: t.to(device) for k, t in [*module.named_parameters(),
+                                            *module.named_buffers()]}
+    return functional_call(module, tensors, args, kwargs)
+
+
+def check_device(device: str | torch.device) -> str:
+    """The canonical name of ``device`` (``"cuda:0"``), or `TravorderError` if torch does not
+    know it or this machine does not have it.
+
+    >>> check_device("cpu")
+    'cpu'
+    >>> check_device("tpu:0")
+    Traceback (most recent call last):
+    ...
+    travorder.errors.TravorderError: unknown device 'tpu:0'
+    """
+    try:
+        d = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise TravorderError(f"unknown device {str(device)!r}") from None
+    if d.type == "cuda":
+        n = torch.cuda.device_count()
+        index = d.index if d.index is not None else (torch.cuda.current_device() if n else 0)
+        if index >= n:
+            have = f"{n} CUDA device{'s' if n != 1 else ''}" if n else "no CUDA device"
+            raise TravorderError(f"device {str(device)!r} is not available: this machine "
+                                 f"has {have}")
+        return f"cuda:{index}"
+    if d.type != "cpu":
+        try:
+            torch.empty(0, device=d)
+        except Exception as exc:
+            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise TravorderError(f"device {str(device)!r} is not available: {msg}") from None
+    return str(d)
+
+
+def placement_slots(graph: OpGraph, placement: Any, n_devices: int) -> np.ndarray:
+    """The device slot (index into the devices list) of every node of ``graph``.
+
+    ``placement``: a `PlacementResult` or an array/sequence of device indices, for
+    ``graph`` (one per node) or for ``training_graph(graph)`` (its forward half is used);
+    a mapping node name -> device index (names of other nodes are ignored); or a
+    placement file (path). A placement file, or any object with a ``graph_hash``
+    attribute, must be for ``graph`` or its training graph.
+    """
+    n = graph.n_nodes
+    expected = getattr(placement, "graph_hash", None)
+    if isinstance(placement, str | os.PathLike):
+        _, doc = load_placement(placement)
+        expected = str(doc["graph"].get("graph_hash"))
+        placement = doc["placement"]
+    if expected is not None and expected not in (graph.graph_hash,
+                                                 training_graph(graph).graph_hash):
+        raise TravorderError(f"placement is for graph {expected[:12]}, not "
+                             f"{graph.graph_hash[:12]} ({graph.name!r})")
+    placement = getattr(placement, "placement", placement)
+    if isinstance(placement, Mapping):
+        missing = [x for x in graph.names.tolist() if x not in placement]
+        if missing:
+            raise TravorderError(f"placement has no device for op {missing[0]!r} "
+                                 f"({len(missing)} of {n} ops missing)")
+        placement = [placement[x] for x in graph.names.tolist()]
+    slots = np.asarray(placement)
+    if slots.ndim != 1 or not (np.issubdtype(slots.dtype, np.integer) or slots.size == 0):
+        raise TravorderError("a placement must be a list of device indices, one per op")
+    if slots.size not in (n, 2 * n):
+        raise TravorderError(f"placement has {slots.size} devices for the {n} ops of "
+                             f"{graph.name} (or the {2 * n} of its training graph)")
+    slots = slots[:n].astype(np.int64)
+    bad = np.flatnonzero((slots < 0) | (slots >= n_devices))
+    if bad.size:
+        i = int(bad[0])
+        given = f"{n_devices} device{'s were' if n_devices != 1 else ' was'}"
+        raise TravorderError(f"placement puts op {str(graph.names[i])!r} on device "
+                             f"{slots[i]}, but {given} given")
+    return slots
+
+
+def _placed_graph(gm: fx.GraphModule, slots: Mapping[str, int], devices: Sequence[str],
+                  tensors: Mapping[str, Mapping[str, torch.Tensor]],
+                  tensor_slots: Mapping[str, int], output_device: str | None) -> fx.Graph:
+    """A copy of ``gm.graph`` with copies and off-home module calls inserted.
+
+    Every node keeps its name; new nodes are inserted into the copy, so they never take an
+    existing name.
+    """
+    graph = fx.Graph()
+    old_to_new: dict[fx.Node, fx.Node] = {}
+    graph.output(graph.graph_copy(gm.graph, old_to_new))
+    # The slot each value is on; None: wherever the caller put it (the inputs).
+    where: dict[fx.Node, int | None] = {
+        node: next((tensor_slots[k] for k in tensors.get(node.name, {})
+                    if k in tensor_slots), None)
+        for node in graph.nodes if node.op in ("placeholder", "get_attr")}
+    copies: dict[tuple[fx.Node, str], fx.Node] = {}
+
+    def fetch(value: fx.Node, slot: int | None, device: str) -> fx.Node:
+        if slot is not None and where[value] == slot:
+            return value
+        key = (value, device if slot is None else str(slot))
+        if key not in copies:
+            copies[key] = graph.create_node("call_function", to_device, (value, device),
+                                            name=f"{value.name}_to_{key[1]}")
+        return copies[key]
+
+    for node in list(graph.nodes):
+        if node.op == "output" and output_device is not None:
+            with graph.inserting_before(node):
+                node.args = fx.map_arg(node.args, lambda a: fetch(a, None, output_device))
+        if node.op not in OP_KINDS:
+            continue
+        slot = slots[node.name]
+        with graph.inserting_before(node):
+            node.args = fx.map_arg(node.args, lambda a, s=slot: fetch(a, s, devices[s]))
+            node.kwargs = fx.map_arg(node.kwargs, lambda a, s=slot: fetch(a, s, devices[s]))
+            if node.op == "call_module" and any(tensor_slots[k] != slot
+                                                for k in tensors[node.name]):
+                module = graph.create_node("get_attr", node.target,
+                                           name=f"{node.name}_module")
+                node.op, node.target = "call_function", call_on_device
+                node.args = (module, devices[slot], *node.args)
+        where[node] = slot
+    return graph
+
+
+def _move_(tensor: torch.Tensor, device: str) -> None:
+    """Move a parameter or buffer in place, keeping its identity (as ``Module.to`` does)."""
+    with torch.no_grad():
+        tensor.data = tensor.data.to(device)
+        if tensor.grad is not None:
+            tensor.grad = tensor.grad.to(device)
+
+
+def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
+          devices: Sequence[str | torch.device], *, output_device: str | None = None
+          ) -> fx.GraphModule:
+    """``module`` rewritten to run each op on its placed device (see the module docstring).
+
+    ``example_inputs``: the forward call's positional arguments, used to capture the
+    graph (the placement must be of that graph: same shapes). ``placement``: see
+    :func:`placement_slots`. ``devices``: the torch device of each device index of the
+    placement (e.g. ``["cuda:0", "cuda:1"]``, or ``["cpu"] * 3`` to test on CPU).
+
+    The returned ``torch.fx.GraphModule`` carries ``devices`` (canonical names per slot),
+    ``op_devices`` (op name -> slot), ``tensor_devices`` (parameter/buffer name -> slot
+    of its home) and ``op_graph`` (the captured `OpGraph`). Raises `TravorderError` for a
+    placement of another graph, of the wrong length, or naming a slot beyond
+    ``devices``, and for a device torch does not know or this machine lacks.
+
+    >>> import torch
+    >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    >>> placed = apply(net, torch.ones(1, 4), [0, 1], ["cpu", "cpu"])
+    >>> placed.op_devices, placed.tensor_devices
+    ({'_0': 0, '_1': 1}, {'0.weight': 0, '0.bias': 0})
+    """
+    if not devices:
+        raise TravorderError("no devices given")
+    devs = [check_device(d) for d in devices]
+    out_dev = None if output_device is None else check_device(output_device)
+    cap = capture(module, example_inputs)
+    names = cap.graph.names.tolist()
+    slots = dict(zip(names, placement_slots(cap.graph, placement, len(devs)).tolist(),
+                     strict=True))
+    tensor_slots = {t: slots[users[0]] for t, users in cap.tensor_users.items()}
+    tensors = node_tensors(cap.module)
+    for owned in tensors.values():
+        for name, tensor in owned.items():
+            if name in tensor_slots:
+                _move_(tensor, devs[tensor_slots[name]])
+
+    graph = _placed_graph(cap.module, slots, devs, tensors, tensor_slots, out_dev)
+    placed = fx.GraphModule(cap.module, graph, class_name=f"Placed{type(module).__name__}")
+    placed.training = module.training
+    placed.devices = tuple(devs)
+    placed.op_devices = slots
+    placed.tensor_devices = tensor_slots
+    placed.op_graph = cap.graph
+    return placed
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Wall-clock times of training steps, in us."""
+
+    times_us: np.ndarray
+
+    @property
+    def median_us(self) -> float:
+        return float(np.median(self.times_us))
+
+    @property
+    def min_us(self) -> float:
+        return float(np.min(self.times_us))
+
+
+def _cuda_devices(module: torch.nn.Module) -> list[torch.device]:
+    found = {t.device for t in [*module.parameters(), *module.buffers()]}
+    found |= {torch.device(d) for d in getattr(module, "devices", ())}
+    return sorted((d for d in found if d.type == "cuda"), key=lambda d: d.index or 0)
+
+
+def time_step(module: torch.nn.Module, example_inputs: Any,
+              loss_fn: Callable[[Any], torch.Tensor], steps: int = 10, *, warmup: int = 2,
+              optimizer: torch.optim.Optimizer | None = None) -> StepTimes:
+    """Time ``steps`` training steps of ``module`` after ``warmup`` untimed ones.
+
+    A step: zero the gradients, ``loss_fn(module(*example_inputs)).backward()``, then
+    ``optimizer.step()`` (default: SGD, lr 1e-3, over ``module.parameters()``). Every CUDA
+    device the module uses is synchronised before each step's clock starts and stops.
+    ``loss_fn`` gets the module's output, wherever it is (e.g. ``lambda out:
+    F.cross_entropy(out, y.to(out.device))``).
+    """
+    if steps < 1:
+        raise TravorderError(f"steps must be at least 1, not {steps}")
+    inputs = as_inputs(example_inputs)
+    opt = optimizer or torch.optim.SGD(module.parameters(), lr=1e-3)
+    cuda = _cuda_devices(module)
+    cuda += [t.device for t in tree_leaves(inputs)
+             if isinstance(t, torch.Tensor) and t.is_cuda and t.device not in cuda]
+
+    def sync() -> None:
+        for d in cuda:
+            torch.cuda.synchronize(d)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(module(*inputs)).backward()
+        opt.step()
+
+    for _ in range(warmup):
+        step()
+    times = np.empty(steps)
+    for i in range(steps):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times[i] = (time.perf_counter() - t0) * 1e6
+    return StepTimes(times)

@@ -1,0 +1,128 @@
+"""Capturing torch modules into OpGraphs: names, FLOPs, bytes, parameter ownership."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+
+from tests.torch_models import make_cnn, make_rnn, make_transformer  # noqa: E402
+from travorder.errors import TravorderError  # noqa: E402
+from travorder.placement.capture import capture, capture_graph  # noqa: E402
+
+
+def test_linear_relu_by_hand():
+    net = nn.Sequential(nn.Linear(4, 3), nn.ReLU(), nn.Linear(3, 2))
+    g = capture_graph(net, (torch.ones(5, 4),))
+    assert g.names.tolist() == ["_0", "_1", "_2"]
+    assert g.op_types.tolist() == ["Linear", "ReLU", "Linear"]
+    # 2 * batch * in * out for each Linear; ReLU counts none.
+    assert g.flops.tolist() == [2 * 5 * 4 * 3, 0, 2 * 5 * 3 * 2]
+    assert g.output_bytes.tolist() == [5 * 3 * 4, 5 * 3 * 4, 5 * 2 * 4]
+    assert g.param_bytes.tolist() == [(12 + 3) * 4, 0, (6 + 2) * 4]
+    assert list(zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(), strict=True)) == [
+        (0, 1, 60.0), (1, 2, 60.0)]
+    assert g.meta["source"] == "torch.fx"
+    assert g.meta["batch_size"] == 5
+    assert g.meta["dtype"] == "float32"
+    assert g.name == "Sequential"
+
+
+def test_cnn_names_are_fx_nodes_and_residual_edges():
+    model, x, _ = make_cnn()
+    cap = capture(model, x)
+    g = cap.graph
+    fx_ops = [n.name for n in cap.module.graph.nodes
+              if n.op not in ("placeholder", "get_attr", "output")]
+    assert g.names.tolist() == fx_ops
+    # stem: 2 * batch * out_ch * H * W * in_ch * 3 * 3
+    assert g.flops[g.index["stem"]] == 2 * 4 * 8 * 8 * 8 * 3 * 9
+    assert g.op_types[g.index["blocks_0_bn1"]] == "BatchNorm2d"
+    add = g.index["add"]
+    assert sorted(g.names[g.predecessors(add)].tolist()) == ["blocks_0_bn2", "relu"]
+    assert g.output_bytes[g.index["relu"]] == 4 * 8 * 8 * 8 * 4
+    # BatchNorm: weight and bias only; its running statistics are buffers.
+    assert g.param_bytes[g.index["blocks_0_bn1"]] == 2 * 8 * 4
+
+
+def test_every_parameter_counted_once():
+    for make in (make_cnn, make_transformer, make_rnn):
+        model, x, _ = make()
+        g = capture_graph(model, x)
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        assert g.param_bytes.sum() == total
+
+
+def test_shared_module_and_get_attr_belong_to_first_user():
+    model, x, _ = make_rnn()
+    cap = capture(model, x)
+    g = cap.graph
+    cell_bytes = sum(p.numel() * 4 for p in model.cell.parameters())
+    assert g.param_bytes[g.index["cell"]] == cell_bytes
+    assert [g.param_bytes[g.index[f"cell_{i}"]] for i in (1, 2, 3)] == [0, 0, 0]
+    assert cap.tensor_users["cell.weight_ih"] == ("cell", "cell_1", "cell_2", "cell_3")
+    # Each step's cell depends on the previous one: the unrolled chain.
+    assert g.names[g.predecessors(g.index["cell_2"])].tolist().count("cell_1") == 1
+
+    model, x, _ = make_transformer()
+    cap = capture(model, x)
+    assert cap.tensor_users["pos"] == ("add",)
+    assert cap.graph.param_bytes[cap.graph.index["add"]] == 16 * 4
+
+
+def test_non_tensor_ops_are_zero_cost():
+    model, x, _ = make_transformer()
+    g = capture_graph(model, x)
+    for name in ("size", "pow_1"):
+        i = g.index[name]
+        assert (g.flops[i], g.output_bytes[i], g.param_bytes[i]) == (0, 0, 0)
+    # q @ k^T: 2 * batch * heads * T * T * head_dim
+    assert g.flops[g.index["matmul"]] == 2 * 2 * 2 * 6 * 6 * 8
+
+
+def test_capture_leaves_buffers_and_rng_alone():
+    model, x, _ = make_cnn()
+    model.blocks.append(nn.Dropout(0.5))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.random.get_rng_state()
+    capture(model, x)
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_hash_follows_shapes():
+    model, x, _ = make_cnn()
+    h1 = capture_graph(model, x).graph_hash
+    assert capture_graph(model, x).graph_hash == h1
+    assert capture_graph(model, (torch.randn(2, 3, 8, 8),)).graph_hash != h1
+
+
+class _Nonzero(nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x > 0).float().sum()
+
+
+def test_data_dependent_ops_run_for_real():
+    g = capture_graph(_Nonzero(), torch.tensor([1.0, -1.0, 2.0]))
+    assert g.names.tolist() == ["gt", "nonzero", "float_1", "sum_1"]
+    # Two positive entries: a 2 x 1 int64 index tensor, known only from the data.
+    assert g.output_bytes[g.index["nonzero"]] == 2 * 8
+
+
+class _Branchy(nn.Module):
+    def forward(self, x):
+        if x.sum() > 0:
+            return x
+        return -x
+
+
+def test_bad_input():
+    with pytest.raises(TravorderError, match=r"cannot trace _Branchy with torch\.fx"):
+        capture(_Branchy(), torch.ones(2))
+    with pytest.raises(TravorderError, match="Linear failed on the example inputs"):
+        capture(nn.Linear(4, 3), torch.ones(2, 5))
+    with pytest.raises(TravorderError, match=r"expected a torch\.nn\.Module, got function"):
+        capture(lambda x: x, torch.ones(2))

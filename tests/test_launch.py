@@ -1,0 +1,236 @@
+"""Applying placements to torch models: same numbers as the original, parameters where the
+placement says, transfers where edges cross devices, clear errors for bad input."""
+
+from __future__ import annotations
+
+import copy
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from tests.torch_models import MODELS, loss_for  # noqa: E402
+from travorder.errors import TravorderError  # noqa: E402
+from travorder.graph import training_graph  # noqa: E402
+from travorder.placement.capture import capture_graph  # noqa: E402
+from travorder.placement.clusters import load_cluster  # noqa: E402
+from travorder.placement.launch import (  # noqa: E402
+    apply,
+    call_on_device,
+    check_device,
+    placement_slots,
+    time_step,
+    to_device,
+)
+from travorder.placement.placement_file import save_placement  # noqa: E402
+from travorder.placement.placers import place  # noqa: E402
+
+CPUS = ["cpu", "cpu", "cpu"]
+
+
+def _placements(n: int) -> dict[str, list[int]]:
+    rng = np.random.default_rng(7)
+    return {
+        "alternating": [i % 3 for i in range(n)],
+        "halves": [0] * (n // 2) + [2] * (n - n // 2),
+        "random": rng.integers(0, 3, n).tolist(),
+    }
+
+
+def _calls(placed, fn) -> list[str]:
+    return [n.name for n in placed.graph.nodes if n.op == "call_function" and n.target is fn]
+
+
+@pytest.mark.parametrize("model_name", list(MODELS))
+def test_outputs_gradients_and_sgd_step_equal_the_original(model_name):
+    model, x, y = MODELS[model_name]()
+    n = capture_graph(model, x).n_nodes
+    loss = loss_for(model_name)
+    for label, placement in _placements(n).items():
+        ref = copy.deepcopy(model)
+        mine = copy.deepcopy(model)
+        placed = apply(mine, x, placement, CPUS)
+        out_ref, out = ref(*x), placed(*x)
+        assert torch.equal(out, out_ref), label
+        opt_ref = torch.optim.SGD(ref.parameters(), lr=0.1)
+        opt = torch.optim.SGD(placed.parameters(), lr=0.1)
+        loss(out_ref, y).backward()
+        loss(out, y).backward()
+        ref_params = dict(ref.named_parameters())
+        for name, p in placed.named_parameters():
+            assert torch.equal(p.grad, ref_params[name].grad), (label, name)
+        opt_ref.step()
+        opt.step()
+        for name, p in placed.named_parameters():
+            assert torch.equal(p, ref_params[name]), (label, name)
+        ref_buffers = dict(ref.named_buffers())
+        for name, b in placed.named_buffers():  # BatchNorm statistics updated alike
+            assert torch.equal(b, ref_buffers[name]), (label, name)
+
+
+@settings(max_examples=5, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=11, max_size=11))
+def test_any_placement_of_the_shared_cell_trains_alike(placement):
+    model, x, y = MODELS["rnn"]()
+    ref = copy.deepcopy(model)
+    placed = apply(model, x, placement, CPUS)
+    F.cross_entropy(placed(*x), y).backward()
+    F.cross_entropy(ref(*x), y).backward()
+    for (name, p), q in zip(placed.named_parameters(), ref.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), name
+
+
+def test_parameters_live_with_their_first_user():
+    model, x, _ = MODELS["rnn"]()
+    g = capture_graph(model, x)
+    placement = [i % 3 for i in range(g.n_nodes)]
+    placed = apply(model, x, placement, CPUS)
+    slot = dict(zip(g.names.tolist(), placement, strict=True))
+    assert placed.op_devices == slot
+    assert placed.devices == ("cpu", "cpu", "cpu")
+    for name in ("cell.weight_ih", "cell.weight_hh", "cell.bias_ih", "cell.bias_hh"):
+        assert placed.tensor_devices[name] == slot["cell"]
+    assert placed.tensor_devices["head.weight"] == slot["head"]
+    for name, p in placed.named_parameters():
+        assert p.device == torch.device(placed.devices[placed.tensor_devices[name]])
+    # The cell runs at 4 nodes; those off its home slot run on copies.
+    off_home = [f"cell_{i}" for i in (1, 2, 3) if slot[f"cell_{i}"] != slot["cell"]]
+    assert sorted(_calls(placed, call_on_device)) == off_home
+    # apply moves the module's own parameters, like Module.to.
+    assert placed.cell.weight_ih is model.cell.weight_ih
+
+
+def test_get_attr_parameter_home_and_names_kept():
+    model, x, _ = MODELS["transformer"]()
+    g = capture_graph(model, x)
+    placement = [1] + [0] * (g.n_nodes - 1)  # `add` (first user of pos) on slot 1
+    placed = apply(model, x, placement, CPUS)
+    assert placed.tensor_devices["pos"] == 1
+    assert placed.tensor_devices["qkv.weight"] == 0
+    names = {n.name for n in placed.graph.nodes}
+    assert set(g.names.tolist()) <= names
+    # add's output goes once to slot 0 however many ops there use it (norm1 and add_1).
+    assert _calls(placed, to_device).count("add_to_0") == 1
+    assert placed(*x).shape == (2, 6, 16)
+
+
+def test_one_copy_per_tensor_and_device():
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    ref = copy.deepcopy(net)
+    placed = apply(net, x, [0, 1, 0], ["cpu", "cpu"])
+    # input -> slot 0, _0 -> slot 1, _1 -> slot 0: three copies, nothing else.
+    assert _calls(placed, to_device) == ["input_1_to_0", "_0_to_1", "_1_to_0"]
+    assert _calls(placed, call_on_device) == []
+    assert torch.equal(placed(x), ref(x))
+
+    placed = apply(copy.deepcopy(ref), x, [0, 0, 0], ["cpu"])
+    assert _calls(placed, to_device) == ["input_1_to_0"]
+
+
+def test_output_device():
+    net = nn.Sequential(nn.Linear(4, 4), nn.ReLU())
+    placed = apply(net, torch.ones(1, 4), [0, 1], ["cpu", "cpu"], output_device="cpu")
+    assert "output_to_cpu" not in _calls(placed, to_device)
+    assert _calls(placed, to_device)[-1] == "_1_to_cpu"
+
+
+def test_placement_forms(tmp_path):
+    model, x, _ = MODELS["cnn"]()
+    g = capture_graph(model, x)
+    tg = training_graph(g)
+    result = place(tg, "k80x3", placer="greedy", order="topo")
+    expect = result.placement[:g.n_nodes]
+    assert placement_slots(g, result, 3).tolist() == expect.tolist()
+    assert placement_slots(g, result.placement.tolist(), 3).tolist() == expect.tolist()
+    by_name = dict(zip(tg.names.tolist(), result.placement.tolist(), strict=True))
+    assert placement_slots(g, by_name, 3).tolist() == expect.tolist()
+    path = tmp_path / "cnn.placement.json"
+    save_placement(result, tg, load_cluster("k80x3"), path)
+    placed = apply(model, x, path, CPUS)
+    assert list(placed.op_devices.values()) == expect.tolist()
+
+    fwd = place(g, "k80x3", placer="round_robin", order="bfs")
+    save_placement(fwd, g, load_cluster("k80x3"), path)
+    assert placement_slots(g, path, 3).tolist() == fwd.placement.tolist()
+
+
+def test_bad_placements(tmp_path):
+    model, x, _ = MODELS["rnn"]()
+    g = capture_graph(model, x)
+    other_model, other_x, _ = MODELS["rnn"](scale=2)
+    other = capture_graph(other_model, other_x)
+    path = tmp_path / "other.json"
+    save_placement(place(other, "k80x3", placer="single"), other, load_cluster("k80x3"), path)
+    with pytest.raises(TravorderError, match=f"placement is for graph {other.graph_hash[:12]}"
+                                             f", not {g.graph_hash[:12]}"):
+        apply(model, x, path, CPUS)
+    stamped = SimpleNamespace(placement=[0] * 11, graph_hash=other.graph_hash)
+    with pytest.raises(TravorderError, match="placement is for graph"):
+        apply(model, x, stamped, CPUS)
+    with pytest.raises(TravorderError, match="placement has 5 devices for the 11 ops"):
+        apply(model, x, [0] * 5, CPUS)
+    with pytest.raises(TravorderError, match="op 'head' on device 3, but 3 devices were given"):
+        apply(model, x, [0] * 10 + [3], CPUS)
+    with pytest.raises(TravorderError, match="no device for op 'size'"):
+        apply(model, x, {"cell": 0}, CPUS)
+    with pytest.raises(TravorderError, match="list of device indices"):
+        apply(model, x, [0.5] * 11, CPUS)
+    with pytest.raises(TravorderError, match="no devices given"):
+        apply(model, x, [0] * 11, [])
+
+
+def test_bad_devices():
+    model, x, _ = MODELS["rnn"]()
+    with pytest.raises(TravorderError, match="unknown device 'tpu:0'"):
+        apply(model, x, [0] * 11, ["cpu", "tpu:0"])
+    if torch.cuda.device_count() < 100:
+        with pytest.raises(TravorderError, match="device 'cuda:99' is not available"):
+            apply(model, x, [0] * 11, ["cuda:99"])
+    assert check_device(torch.device("cpu")) == "cpu"
+
+
+def test_time_step_trains_and_times():
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+    ref = copy.deepcopy(net)
+    x, y = torch.randn(5, 4), torch.randint(0, 2, (5,))
+    placed = apply(net, x, [0, 1, 0], ["cpu", "cpu"])
+    times = time_step(placed, x, lambda out: F.cross_entropy(out, y), steps=3, warmup=1)
+    assert times.times_us.shape == (3,)
+    assert 0 < times.min_us <= times.median_us
+    # Four SGD steps (lr 1e-3) taken, as on the original.
+    opt = torch.optim.SGD(ref.parameters(), lr=1e-3)
+    for _ in range(4):
+        opt.zero_grad()
+        F.cross_entropy(ref(x), y).backward()
+        opt.step()
+    assert torch.equal(placed.get_submodule("2").weight, ref[2].weight)
+    with pytest.raises(TravorderError, match="steps must be at least 1"):
+        time_step(placed, x, lambda out: out.sum(), steps=0)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_on_two_gpus():
+    for name, make in MODELS.items():
+        model, x, y = make()
+        ref = copy.deepcopy(model)
+        n = capture_graph(model, x).n_nodes
+        placed = apply(model, x, [i % 2 for i in range(n)], ["cuda:0", "cuda:1"],
+                       output_device="cpu")
+        for pname, p in placed.named_parameters():
+            assert p.device == torch.device(f"cuda:{placed.tensor_devices[pname]}")
+        out, out_ref = placed(*x), ref(*x)
+        torch.testing.assert_close(out, out_ref, rtol=1e-4, atol=1e-4)
+        loss_for(name)(out, y).backward()
+        loss_for(name)(out_ref, y).backward()
+        ref_params = dict(ref.named_parameters())
+        for pname, p in placed.named_parameters():
+            torch.testing.assert_close(p.grad.cpu(), ref_params[pname].grad,
+                                       rtol=1e-3, atol=1e-4)
