@@ -168,3 +168,45 @@ def test_console_script_exit_code(tmp_path):
                           str(tmp_path / "none.onnx")], capture_output=True, text=True)
     assert ok.returncode == 0 and json.loads(ok.stdout)["nodes"] == 1
     assert bad.returncode == 2 and bad.stderr.strip().endswith("no such file")
+
+
+SPEC = """
+name = "tiny"
+orders = ["topo", "dfs_preorder"]
+seeds = [0]
+clusters = ["k80x3"]
+
+[placer]
+name = "greedy"
+
+[[graphs.synthetic]]
+family = "chain"
+seeds = [0, 1]
+params = {n_layers = 4}
+"""
+
+
+def test_study_commands_run_status_export_report(capsys, tmp_path):
+    spec, store = tmp_path / "tiny.toml", tmp_path / "s.sqlite"
+    spec.write_text(SPEC)
+    code, out, _ = run(capsys, "study", "run", str(spec), "--store", str(store),
+                       "--no-progress")
+    assert code == 0 and "4 jobs" in out and "ran 4" in out
+    code, out, _ = run(capsys, "study", "run", str(spec), "--store", str(store),
+                       "--no-progress")
+    assert code == 0 and "ran 0" in out
+    code, out, _ = run(capsys, "study", "status", "--store", str(store), "--json")
+    assert code == 0 and json.loads(out)["done"] == 4
+    code, out, _ = run(capsys, "study", "export", "--store", str(store), "--out",
+                       str(tmp_path / "d.csv"))
+    assert code == 0 and "2 rows" in out
+
+
+def test_study_bad_input(capsys, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text(SPEC.replace('"greedy"', '"nonsense"'))
+    code, _, err = run(capsys, "study", "run", str(bad), "--store", str(tmp_path / "s.db"),
+                       "--no-progress")
+    assert code == 2 and "nonsense" in err and err.count("\n") == 1
+    code, _, err = run(capsys, "study", "status", "--store", str(tmp_path / "none.sqlite"))
+    assert code == 2 and err.count("\n") == 1

@@ -232,6 +232,42 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     calibrate_command(args.devices, args.out, quick=args.quick, link_model=args.link_model)
 
 
+# --------------------------------------------------------------------------- study
+def cmd_study_run(args: argparse.Namespace) -> int:
+    from travorder.study.runner import run_study
+
+    r = run_study(args.spec, args.store, jobs=args.jobs, backend=args.backend,
+                  address=args.address, progress=not args.no_progress)
+    print(f"study {r.name}: {r.total} jobs, {r.skipped} already done, ran {r.ran} "
+          f"({r.done} done, {r.failed} failed) in {r.wall_s:.1f} s; {r.pending} pending")
+    if r.interrupted:
+        print("interrupted: finished jobs are kept; run again to resume", file=sys.stderr)
+        return 130
+    return 0
+
+
+def cmd_study_status(args: argparse.Namespace) -> None:
+    from travorder.study.store import ResultStore, format_status
+
+    with ResultStore(args.store, create=False) as store:
+        status = store.status()
+    _print_json(status) if args.json else print(format_status(status))
+
+
+def cmd_study_export(args: argparse.Namespace) -> None:
+    from travorder.study.export import export_dataset
+
+    data = export_dataset(args.store, args.out, study=args.study)
+    print(f"wrote {args.out}: {len(data)} rows")
+
+
+def cmd_study_report(args: argparse.Namespace) -> None:
+    from travorder.study.report import write_report
+
+    files = write_report(args.store, args.out, study=args.study)
+    print(f"wrote {len(files)} files to {args.out} (open {Path(args.out) / 'index.html'})")
+
+
 # --------------------------------------------------------------------------- predictor
 def _print_evaluation(ev: Any, per_family: bool) -> None:
     rows = [(m, f"{r.top1:.3f}", f"{r.top2:.3f}", f"{100 * r.mean_regret:.2f}%",
@@ -400,16 +436,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small sizes: a fast, rough check")
     p.set_defaults(func=cmd_calibrate)
 
-    for name, what in [("study", "`travorder study`"), ("zoo", "`travorder zoo`")]:
+    p = sub.add_parser("study", help="run and inspect placement studies")
+    ssub = p.add_subparsers(dest="study_command", required=True, metavar="COMMAND")
+    store_opt = argparse.ArgumentParser(add_help=False)
+    store_opt.add_argument("--store", required=True, help="result store (SQLite file)")
+    q = ssub.add_parser("run", parents=[store_opt], help="run the jobs of a study spec "
+                                                         "that the store has not finished")
+    q.add_argument("spec", help="study spec (TOML); see docs/study.md")
+    q.add_argument("--jobs", type=int, default=1, help="parallel workers (default: 1)")
+    q.add_argument("--backend", default="loky", choices=["loky", "ray"])
+    q.add_argument("--address", help="Ray cluster address (default: start a local Ray)")
+    q.add_argument("--no-progress", action="store_true", help="no progress bar")
+    q.set_defaults(func=cmd_study_run)
+    q = ssub.add_parser("status", parents=[store_opt], help="jobs done, failed and pending")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.set_defaults(func=cmd_study_status)
+    for name, helptext, func, out_help in [
+            ("export", "write the dataset (one row per graph and cluster)", cmd_study_export,
+             "dataset file: .parquet, .csv or .csv.gz"),
+            ("report", "write an HTML report with figures", cmd_study_report,
+             "directory for index.html and the figures")]:
+        q = ssub.add_parser(name, parents=[store_opt], help=helptext)
+        q.add_argument("--out", required=True, help=out_help)
+        q.add_argument("--study", help="only the latest run of this study (spec name)")
+        q.set_defaults(func=func)
+
+    for name, what in [("zoo", "`travorder zoo`")]:
         p = sub.add_parser(name, help=f"{what} (not built yet)")
         p.add_argument("rest", nargs=argparse.REMAINDER)
         p.set_defaults(func=_not_built(what))
     return parser
 
 
-def _run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) -> int:
+def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    code = None
     try:
-        func(args)
+        code = func(args)
     except TravorderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -420,7 +482,7 @@ def _run(func: Callable[[argparse.Namespace], None], args: argparse.Namespace) -
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    return 0
+    return code or 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

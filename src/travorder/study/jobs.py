@@ -1,0 +1,161 @@
+"""Study jobs: one placement run, identified by its key, and `run_job` that runs it.
+
+A job's key is ``(graph_hash, graph_name, cluster, order, placer, config_hash, seed)``:
+``graph_hash`` is the hash of the graph *as selected* (before `prepare_graph`),
+``config_hash`` covers everything else the outcome depends on (the placer and its
+options, the cluster's definition, the graph preparation, and `JOB_VERSION`). The outcome
+is a pure function of the key: `run_job` on any machine, in any process, gives the same
+outcome apart from its timings and library versions.
+
+>>> from travorder.datasets.synthetic import chain
+>>> from travorder.placement import load_cluster
+>>> from travorder.study.spec import prepare_graph
+>>> g, c = chain(0, n_layers=4), load_cluster("k80x3")
+>>> job = make_job(g, c, "topo", "greedy", {}, seed=0, training=True)
+>>> out = run_job(job, prepare_graph(g, True), c)
+>>> out["status"], len(out["placement"]) == 2 * g.n_nodes
+('done', True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+import travorder
+from travorder.graph import OpGraph
+from travorder.placement import Cluster, place
+from travorder.study.spec import StudySpec
+
+#: Bump when `run_job` changes what it computes: old results then no longer count as done.
+JOB_VERSION = 1
+
+#: The columns of a job's key, in order.
+KEY_FIELDS = ("graph_hash", "graph_name", "cluster", "order", "placer", "config_hash", "seed")
+
+_VERSIONED = ("numpy", "numba", "networkx", "scipy", "torch")
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+
+
+def cluster_hash(cluster: Cluster) -> str:
+    """SHA-256 (hex) of a cluster's definition (its description aside)."""
+    definition = cluster.to_dict()
+    definition.pop("description")
+    return _digest(definition)
+
+
+def config_hash(placer: str, options: Mapping[str, Any], cluster: Cluster, training: bool,
+                coarsen_max_nodes: int) -> str:
+    """SHA-256 (hex) of what a job's outcome depends on besides graph, order and seed."""
+    return _digest({"placer": placer, "options": dict(options),
+                    "cluster": cluster_hash(cluster),
+                    "training": training, "coarsen_max_nodes": coarsen_max_nodes,
+                    "job_version": JOB_VERSION})
+
+
+@dataclass(frozen=True)
+class Job:
+    """One placement run: the key fields, then the settings the key's ``config_hash``
+    stands for (carried along so a worker can run the job)."""
+
+    graph_hash: str
+    graph_name: str
+    cluster: str
+    order: str
+    placer: str
+    config_hash: str
+    seed: int
+    options: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    training: bool = field(default=True, compare=False)
+    coarsen_max_nodes: int = field(default=0, compare=False)
+    cluster_hash: str = field(default="", compare=False)
+
+    @property
+    def key(self) -> tuple[str, str, str, str, str, str, int]:
+        """The key, in `KEY_FIELDS` order."""
+        return tuple(getattr(self, f) for f in KEY_FIELDS)  # type: ignore[return-value]
+
+    @property
+    def job_id(self) -> str:
+        """A short stable id of the key (32 hex digits of its SHA-256)."""
+        return _digest(list(self.key))[:32]
+
+
+def make_job(graph: OpGraph, cluster: Cluster, order: str, placer: str,
+             options: Mapping[str, Any], seed: int, training: bool = True,
+             coarsen_max_nodes: int = 0) -> Job:
+    """The job that places the selected (forward) ``graph``, prepared by `prepare_graph`."""
+    return Job(graph.graph_hash, graph.name, cluster.name, order, placer,
+               config_hash(placer, options, cluster, training, coarsen_max_nodes), seed,
+               dict(options), training, coarsen_max_nodes, cluster_hash(cluster))
+
+
+def spec_jobs(spec: StudySpec, graphs: list[OpGraph]) -> list[Job]:
+    """Every job of ``spec`` over its selected ``graphs``: graph x cluster x order x seed."""
+    return [make_job(g, c, order, spec.placer, spec.placer_options, seed, spec.training,
+                     spec.coarsen_max_nodes)
+            for g in graphs for c in spec.clusters for order in spec.orders
+            for seed in spec.seeds_for(order)]
+
+
+def library_versions() -> dict[str, str]:
+    """Versions of Python, travorder and the numeric libraries loaded in this process."""
+    versions = {"python": sys.version.split()[0], "travorder": travorder.__version__}
+    versions.update({name: sys.modules[name].__version__ for name in _VERSIONED
+                     if name in sys.modules})
+    return versions
+
+
+def run_job(job: Job, graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
+    """Run ``job`` on its prepared ``graph`` and ``cluster``; return its outcome.
+
+    The outcome: ``status`` ``"done"``, ``step_time_us``, ``lower_bound_us``,
+    ``efficiency``, ``feasible``, ``peak_memory_bytes`` (largest over devices),
+    ``placement`` (device per node of the prepared graph), ``learning_curve`` (or None),
+    ``study_hash`` / ``study_nodes`` (the prepared graph), ``placer_wall_s`` (order and
+    placer), ``wall_s`` (the whole job) and ``versions``. Exceptions propagate; see
+    `run_job_safely`.
+    """
+    start = time.perf_counter()
+    result = place(graph, cluster, placer=job.placer, order=job.order, seed=job.seed,
+                   **job.options)
+    return {
+        "status": "done",
+        "step_time_us": float(result.step_time_us),
+        "lower_bound_us": float(result.lower_bound_us),
+        "efficiency": float(result.efficiency),
+        "feasible": bool(result.feasible),
+        "peak_memory_bytes": float(np.max(result.peak_memory)),
+        "placement": result.placement.tolist(),
+        "learning_curve": (None if result.learning_curve is None
+                           else [float(x) for x in result.learning_curve]),
+        "study_hash": graph.graph_hash,
+        "study_nodes": graph.n_nodes,
+        "placer_wall_s": float(result.wall_s),
+        "wall_s": time.perf_counter() - start,
+        "versions": library_versions(),
+        "error": None,
+    }
+
+
+def run_job_safely(job: Job, graph: OpGraph, cluster: Cluster) -> tuple[Job, dict[str, Any]]:
+    """`run_job`, with any exception turned into a ``"failed"`` outcome carrying the
+    traceback as ``error``; returns the job with its outcome."""
+    start = time.perf_counter()
+    try:
+        return job, run_job(job, graph, cluster)
+    except Exception:
+        return job, {"status": "failed", "error": traceback.format_exc(limit=8).strip(),
+                     "wall_s": time.perf_counter() - start, "versions": library_versions()}
+

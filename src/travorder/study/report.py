@@ -1,0 +1,244 @@
+"""The study report: an HTML page with PNG figures and a recommendations table.
+
+For each placer and cluster in the store:
+
+- ``wins_<placer>_<cluster>.png``: per family, the winning share of each order (a graph
+  whose best order is tied with others credits each of them ``1 / n_ties``) and its mean
+  rank (1 = fastest; tied medians share the average rank), as heatmaps;
+- ``ratio_<placer>_<cluster>.png``: per order, the ratio of its step time to the best
+  order's on each graph (box plot over graphs, points for the graphs);
+- ``curves_<cluster>.png`` (when the store has ``rl`` runs): the mean RL learning curve
+  per order, each run's step time per episode divided by its first episode's.
+
+The recommendations table gives, per placer and family (over its clusters), the order
+with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
+that ratio, its winning share, the runner-up, and the ratio of ``topo`` for comparison.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from travorder.errors import TravorderError
+from travorder.study.export import REL_TOL, dataset_frame, dataset_orders, study_filter
+from travorder.study.store import ResultStore
+
+
+def win_shares(data: Any) -> Any:
+    """Per row of a dataset, each order's share of the win (``1 / n_ties`` for each
+    order in ``ties``, else 0), as a DataFrame with one column per order."""
+    import pandas as pd
+
+    orders = dataset_orders(data)
+    shares = np.zeros((len(data), len(orders)))
+    col = {o: i for i, o in enumerate(orders)}
+    for r, ties in enumerate(data["ties"].astype(str)):
+        names = ties.split(",")
+        for o in names:
+            shares[r, col[o]] = 1.0 / len(names)
+    return pd.DataFrame(shares, columns=orders, index=data.index)
+
+
+def ratios(data: Any) -> Any:
+    """Per row, each order's median step time divided by the best order's; infinite for
+    an order with an infeasible seed where the best order is feasible (it would not run).
+    """
+    orders = dataset_orders(data)
+    times = data[[f"time_{o}" for o in orders]].to_numpy()
+    feasible = data[[f"feasible_{o}" for o in orders]].to_numpy()
+    best_ok = np.array([row[f"feasible_{b}"] == 1.0 for b, row in
+                        zip(data["best_order"], data.to_dict("records"), strict=True)])
+    out = data[[f"time_{o}" for o in orders]].copy()
+    out.columns = orders
+    out[:] = np.where((feasible < 1.0) & best_ok[:, None], np.inf,
+                      times / data["best_time_us"].to_numpy()[:, None])
+    return out
+
+
+def ranks(data: Any) -> Any:
+    """Per row, each order's rank by median step time (1 = fastest, ties averaged)."""
+    return ratios(data).rank(axis=1, method="average")
+
+
+def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
+    """The recommendations table (see the module docstring) as a DataFrame; column
+    ``equivalent`` lists the orders whose mean ratio is within ``rel_tol`` of the
+    recommended order's."""
+    import pandas as pd
+
+    rows = []
+    wins, ratio = win_shares(data), ratios(data)
+    for (placer, family), idx in data.groupby(["placer", "family"]).groups.items():
+        share = wins.loc[idx].mean()
+        geo = np.exp(np.log(ratio.loc[idx]).mean())
+        ranked = sorted(share.index, key=lambda o: (geo[o], -share[o], o))
+        best, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+        rows.append({
+            "placer": placer, "family": family, "graphs": len(idx),
+            "clusters": int(data.loc[idx, "cluster"].nunique()),
+            "recommended": best,
+            "equivalent": ",".join(o for o in ranked if geo[o] <= geo[best] * (1 + rel_tol)),
+            "win_share": float(share[best]),
+            "mean_ratio": float(geo[best]),
+            "runner_up": second, "runner_up_ratio": float(geo[second]) if second else None,
+            "topo_ratio": float(geo["topo"]) if "topo" in geo else None,
+        })
+    return pd.DataFrame(rows)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
+
+
+def _heatmaps(data: Any, path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    wins = win_shares(data).groupby(data["family"]).mean()
+    rank = ranks(data).groupby(data["family"]).mean()
+    fig, axes = plt.subplots(2, 1, figsize=(2.5 + 0.7 * wins.shape[1],
+                                            2.4 + 0.7 * wins.shape[0]), squeeze=False)
+    for ax, table, label, cmap in ((axes[0, 0], wins, "winning share", "Blues"),
+                                   (axes[1, 0], rank, "mean rank", "Blues_r")):
+        values = table.to_numpy()
+        im = ax.imshow(values, aspect="auto", cmap=cmap)
+        ax.set_xticks(range(table.shape[1]), table.columns, rotation=45, ha="right")
+        ax.set_yticks(range(table.shape[0]), table.index)
+        lo, hi = np.nanmin(values), np.nanmax(values)
+        for (i, j), v in np.ndenumerate(values):
+            level = (v - lo) / (hi - lo) if hi > lo else 0.0
+            light = level > 0.5 if label == "winning share" else level < 0.5
+            ax.text(j, i, f"{v:.2f}" if label == "winning share" else f"{v:.1f}",
+                    ha="center", va="center", fontsize=7, color="w" if light else "k")
+        ax.set_title(label)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _ratio_plot(data: Any, path: Path, title: str) -> None:
+    import matplotlib.pyplot as plt
+
+    table = ratios(data)
+    orders = list(table.columns)
+    fig, ax = plt.subplots(figsize=(1.5 + 0.8 * len(orders), 4.2))
+    values = [table[o].replace(np.inf, np.nan).dropna().to_numpy() for o in orders]
+    ax.boxplot(values, showfliers=False)
+    rng = np.random.default_rng(0)
+    for i, v in enumerate(values, start=1):
+        ax.scatter(i + rng.uniform(-0.18, 0.18, v.size), v, s=6, alpha=0.5)
+    ax.set_xticks(range(1, len(orders) + 1), orders, rotation=60, ha="right")
+    ax.set_yscale("log")
+    ax.set_ylabel("step time / best order's")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _curves(store_path: str | os.PathLike[str], out: Path, study: str | None
+            ) -> list[Path]:
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    with ResultStore(store_path, create=False) as store:
+        where, params = study_filter(store, study)
+        runs = pd.read_sql_query(
+            "SELECT cluster, order_name, learning_curve FROM jobs WHERE status = 'done' "
+            f"AND placer = 'rl' AND learning_curve IS NOT NULL{where}", store.connection,
+            params=params)
+    paths = []
+    for cluster, part in runs.groupby("cluster"):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for order, group in part.groupby("order_name"):
+            curves = [np.asarray(json.loads(c), dtype=float) for c in group["learning_curve"]]
+            n = min(c.size for c in curves)
+            rel = np.array([c[:n] / c[0] for c in curves])
+            ax.plot(np.arange(1, n + 1), rel.mean(axis=0), label=f"{order} ({len(curves)})")
+        ax.set_xlabel("episode")
+        ax.set_ylabel("step time / first episode's (mean over runs)")
+        ax.set_title(f"RL learning curves, {cluster}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        path = out / f"curves_{_slug(cluster)}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _table_html(table: Any) -> str:
+    return table.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="",
+                         border=0, classes="rec")
+
+
+def _sentence(r: Any, rel_tol: float) -> str:
+    others = r.equivalent.split(",")[1:]
+    also = (f" (as good within {100 * rel_tol:g}%: {', '.join(others)})" if others else "")
+    topo = f"; <code>topo</code> {r.topo_ratio:.3f}x" if r.topo_ratio else ""
+    return (f"<li><b>{html.escape(r.family)}</b> ({html.escape(r.placer)}): use "
+            f"<code>{html.escape(r.recommended)}</code>{html.escape(also)}: best or tied "
+            f"on {100 * r.win_share:.0f}% of the graphs, {r.mean_ratio:.3f}x the best on "
+            f"average{topo}</li>")
+
+
+def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                 rel_tol: float = REL_TOL, study: str | None = None) -> list[Path]:
+    """Write ``index.html`` and the figures for the store at ``store_path`` (or for its
+    study named ``study``, see `dataset_frame`) into ``out_dir`` (created if needed);
+    returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = dataset_frame(store_path, rel_tol, study)
+    written: list[Path] = []
+    sections = []
+    for (placer, cluster), part in data.groupby(["placer", "cluster"]):
+        part = part.reset_index(drop=True)
+        tag = f"{_slug(placer)}_{_slug(cluster)}"
+        title = f"{placer} on {cluster}: {len(part)} graphs"
+        wins_png, ratio_png = out / f"wins_{tag}.png", out / f"ratio_{tag}.png"
+        _heatmaps(part, wins_png, title)
+        _ratio_plot(part, ratio_png, title)
+        written += [wins_png, ratio_png]
+        sections.append(f"<h2>{html.escape(title)}</h2>\n"
+                        f'<img src="{wins_png.name}" alt="winning share and rank">\n'
+                        f'<img src="{ratio_png.name}" alt="ratio to the best order">')
+    curves = _curves(store_path, out, study)
+    written += curves
+    sections += ["<h2>RL learning curves</h2>\n" + "\n".join(
+        f'<img src="{p.name}" alt="learning curves">' for p in curves)] if curves else []
+    recs = recommendations(data, rel_tol)
+    sentences = "\n".join(_sentence(r, rel_tol) for r in recs.itertuples())
+    source = html.escape(Path(store_path).name)
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>travorder study report</title>
+<style>body{{font-family:sans-serif;max-width:1200px;margin:auto}} img{{max-width:100%}}
+table.rec td, table.rec th{{padding:2px 8px;text-align:left}}</style></head><body>
+<h1>travorder study report</h1>
+<p>{len(data)} rows (graph x cluster x placer) from <code>{source}</code>.
+An order wins a graph when its median step time over the seeds is the best or within
+max({100 * rel_tol:g}%, the seed spread) of it (see docs/study.md).</p>
+<h2>Recommendations per network family</h2>
+<ul>
+{sentences}
+</ul>
+{_table_html(recs)}
+{"".join(sections)}
+</body></html>
+"""
+    index = out / "index.html"
+    index.write_text(page, encoding="utf-8")
+    if not written:
+        raise TravorderError(f"{store_path}: nothing to report")
+    return [index, *written]

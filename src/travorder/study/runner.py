@@ -1,0 +1,213 @@
+"""Run a study: the jobs of a spec that the store has not finished, on joblib or Ray.
+
+`run_study` selects the spec's graphs, lists its jobs (`spec_jobs`), skips the ones the
+store holds as done, prepares the graphs that still have jobs (`prepare_graph`, features
+into the store), checks the placer's options once per cluster on a three-node graph (so
+a bad option is one error, not a failed study), and runs the rest:
+
+- ``backend="loky"``: joblib's loky process pool with ``jobs`` workers
+  (``Parallel(return_as="generator_unordered")``); with ``jobs=1`` the jobs run in this
+  process.
+- ``backend="ray"``: one Ray task per job (1 CPU each) on the cluster at ``address``
+  (``"auto"``: the one this machine belongs to), or on a local Ray with ``jobs`` CPUs
+  started for the run and shut down after it.
+
+Results stream back as they finish, largest graphs first, and each is written to the
+store in its own transaction by this process only. A job that raises is stored as failed
+with its traceback and the study goes on; failed jobs run again on the next run.
+Ctrl-C (KeyboardInterrupt) stops dispatching, cancels what is running and returns; what
+finished is kept.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from travorder.errors import TravorderError
+from travorder.graph import OpGraph
+from travorder.graph.native import graph_from_dict, graph_to_dict
+from travorder.placement import Cluster, place
+from travorder.study.jobs import Job, run_job_safely, spec_jobs
+from travorder.study.spec import StudySpec, load_spec
+from travorder.study.store import ResultStore
+
+BACKENDS = ("loky", "ray")
+
+_PREFLIGHT = OpGraph(["a", "b", "c"], [0, 1], [1, 2], flops=[1e6, 1e6, 1e6],
+                     output_bytes=[1e3, 1e3, 1e3])
+
+
+@dataclass(frozen=True)
+class StudySummary:
+    """What `run_study` did: the spec's ``total`` jobs, ``skipped`` (already done),
+    ``ran`` (finished in this run), of which ``done`` and ``failed``, whether it was
+    ``interrupted``, and its ``wall_s``."""
+
+    name: str
+    spec_hash: str
+    total: int
+    skipped: int
+    ran: int
+    done: int
+    failed: int
+    interrupted: bool
+    wall_s: float
+
+    @property
+    def pending(self) -> int:
+        """Jobs of the spec still to run (not done, or failed in this run)."""
+        return self.total - self.skipped - self.done
+
+
+def _execute(job: Job, graph_doc: dict[str, Any], cluster: Cluster
+             ) -> tuple[Job, dict[str, Any]]:
+    # OpGraph holds a mappingproxy, which does not pickle: graphs travel as documents.
+    return run_job_safely(job, graph_from_dict(graph_doc), cluster)
+
+
+def _preflight(spec: StudySpec) -> None:
+    for cluster in spec.clusters:
+        try:
+            place(_PREFLIGHT, cluster, spec.placer, spec.orders[0], 0, **spec.placer_options)
+        except TravorderError as exc:
+            raise TravorderError(f"{spec.source}: placer {spec.placer!r} on cluster "
+                                 f"{cluster.name!r}: {exc}") from None
+
+
+def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
+             wanted: set[str]) -> dict[str, dict[str, Any]]:
+    """Prepare the graphs named in ``wanted`` (and describe any the store lacks)."""
+    from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
+
+    known = store.graph_keys()
+    docs = {}
+    for g in graphs:
+        key = (g.graph_hash, g.name, int(spec.training), spec.coarsen_max_nodes)
+        if g.name not in wanted and key in known:
+            continue
+        prepared = spec.prepare(g)
+        if key not in known:
+            store.add_graph(g, prepared, spec.training, spec.coarsen_max_nodes,
+                            graph_features(prepared), FEATURE_SCHEMA_VERSION)
+        docs[g.name] = graph_to_dict(prepared)
+    return docs
+
+
+def _run_loky(jobs: list[Job], docs: dict[str, dict[str, Any]],
+              clusters: dict[str, Cluster], n_workers: int
+              ) -> Iterator[tuple[Job, dict[str, Any]]]:
+    from joblib import Parallel, delayed
+
+    parallel = Parallel(n_jobs=n_workers, backend="loky", return_as="generator_unordered")
+    yield from parallel(delayed(_execute)(job, docs[job.graph_name], clusters[job.cluster])
+                        for job in jobs)
+
+
+def _run_ray(jobs: list[Job], docs: dict[str, dict[str, Any]],
+             clusters: dict[str, Cluster], n_workers: int, address: str | None
+             ) -> Iterator[tuple[Job, dict[str, Any]]]:
+    try:
+        import ray
+    except ImportError:
+        raise TravorderError("the ray backend needs Ray: pip install 'travorder[ray]'"
+                             ) from None
+    started = not ray.is_initialized()
+    if started:
+        try:
+            if address is None:
+                ray.init(num_cpus=n_workers, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        except ConnectionError as exc:
+            raise TravorderError(f"cannot connect to Ray at {address!r}: {exc}") from None
+    pending: list[Any] = []
+    try:
+        task = ray.remote(num_cpus=1, max_retries=0)(_execute)
+        doc_refs = {name: ray.put(doc) for name, doc in docs.items()}
+        cluster_refs = {name: ray.put(c) for name, c in clusters.items()}
+        pending = [task.remote(job, doc_refs[job.graph_name], cluster_refs[job.cluster])
+                   for job in jobs]
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            yield ray.get(ready[0])
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        if started:
+            ray.shutdown()
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("failed {task.fields[failed]}"),
+        TextColumn("{task.fields[rate]:.2f} jobs/s"), TimeElapsedColumn(),
+        TextColumn("left"), TimeRemainingColumn(), disable=not enabled,
+    )
+
+
+def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.PathLike[str],
+              jobs: int = 1, backend: str = "loky", address: str | None = None,
+              progress: bool = True) -> StudySummary:
+    """Run the jobs of ``spec`` (a `StudySpec` or a spec file) that ``store_path`` has
+    not finished, with ``jobs`` workers on ``backend`` (see the module docstring).
+
+    Raises TravorderError for a bad spec, backend or placer option before any job runs.
+    """
+    start = time.perf_counter()
+    if backend not in BACKENDS:
+        raise TravorderError(f"unknown backend {backend!r} (expected {', '.join(BACKENDS)})")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise TravorderError(f"jobs must be a positive integer, got {jobs!r}")
+    if not isinstance(spec, StudySpec):
+        spec = load_spec(Path(spec))
+    graphs = spec.select_graphs()
+    all_jobs = spec_jobs(spec, graphs)
+    with ResultStore(store_path) as store:
+        store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
+        done_before = store.done_ids()
+        todo = [j for j in all_jobs if j.job_id not in done_before]
+        if todo:
+            _preflight(spec)
+        docs = _prepare(spec, graphs, store, {j.graph_name for j in todo})
+        # Largest graphs first, so that the last jobs to finish are short ones.
+        todo.sort(key=lambda j: -len(docs[j.graph_name]["nodes"]["name"]))
+        clusters = {c.name: c for c in spec.clusters}
+        skipped = len(all_jobs) - len(todo)
+        done = failed = 0
+        interrupted = False
+        with _progress(progress) as bar:
+            task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
+                                failed=0, rate=0.0)
+            t0 = time.perf_counter()
+            results = (_run_loky(todo, docs, clusters, jobs) if backend == "loky"
+                       else _run_ray(todo, docs, clusters, jobs, address))
+            try:
+                for job, outcome in results:
+                    store.record(job, outcome)
+                    if outcome["status"] == "done":
+                        done += 1
+                    else:
+                        failed += 1
+                    rate = (done + failed) / max(time.perf_counter() - t0, 1e-9)
+                    bar.update(task, advance=1, failed=failed, rate=rate)
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                results.close()
+    return StudySummary(spec.name, spec.spec_hash, len(all_jobs), skipped, done + failed,
+                        done, failed, interrupted, time.perf_counter() - start)

@@ -1,0 +1,436 @@
+"""The study: spec, runner (in-process, loky, Ray), result store, export, report."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from travorder.datasets.synthetic import chain, rnn
+from travorder.errors import FormatError, TravorderError
+from travorder.graph import OpGraph
+from travorder.placement import PLACERS, load_cluster
+from travorder.placement.placers.heuristics import greedy
+from travorder.study import ResultStore, StudySpec, load_spec, run_study
+from travorder.study.export import dataset_frame, export_dataset, load_dataset
+from travorder.study.jobs import make_job, run_job
+from travorder.study.report import recommendations, write_report
+from travorder.study.spec import prepare_graph
+from travorder.study.store import OUTCOME_COLUMNS, decode_placement
+
+SMALL = {
+    "name": "small",
+    "orders": ["topo", "bfs", "random"],
+    "seeds": [0],
+    "order_seeds": {"random": [0, 1]},
+    "clusters": ["k80x3"],
+    "placer": {"name": "greedy"},
+    "graphs": {"coarsen_max_nodes": 40, "synthetic": [
+        {"family": "chain", "seeds": [0, 1], "params": {"n_layers": 5}},
+        {"family": "rnn", "seeds": [0], "params": {"timesteps": 3, "cell_nodes": 4}}]},
+}
+
+
+def spec(**changes: object) -> StudySpec:
+    return StudySpec.from_dict({**SMALL, **changes})
+
+
+def outcomes(path: Path) -> dict[str, tuple]:
+    """job_id -> outcome columns of the store at ``path``."""
+    con = sqlite3.connect(path)
+    rows = con.execute(f"SELECT job_id, {', '.join(OUTCOME_COLUMNS)} FROM jobs").fetchall()
+    con.close()
+    return {r[0]: r[1:] for r in rows}
+
+
+# ---------------------------------------------------------------------------- spec
+def test_spec_jobs_and_hash():
+    s = spec()
+    assert [g.name for g in s.select_graphs()] == [
+        chain(0, n_layers=5).name, chain(1, n_layers=5).name,
+        rnn(0, timesteps=3, cell_nodes=4).name]
+    assert s.seeds_for("random") == (0, 1) and s.seeds_for("topo") == (0,)
+    assert s.spec_hash == spec().spec_hash != spec(seeds=[1]).spec_hash
+    assert StudySpec.from_dict({**SMALL, "seeds": 2}).seeds == (0, 1)
+    assert spec(orders="study", order_seeds={}).orders == ("alpha", "topo", "reversed_topo",
+                                           "dfs_preorder", "dfs_postorder", "bfs")
+
+
+def test_prepare_graph_expands_and_coarsens():
+    g = spec().select_graphs()[2]  # rnn, more than 40 nodes
+    assert prepare_graph(g, training=False) == g
+    assert prepare_graph(g, training=True).n_nodes == 2 * g.n_nodes
+    small = prepare_graph(g, training=True, coarsen_max_nodes=40)
+    assert small.n_nodes <= 40 and small.name == g.name and small.meta["family"] == "rnn"
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"name": ""}, "name must be a non-empty string"),
+    ({"colour": 1}, "unknown setting 'colour'"),
+    ({"orders": ["topo", "nope"]}, "unknown order 'nope'"),
+    ({"orders": []}, "orders"),
+    ({"seeds": [0, 0]}, "lists a seed twice"),
+    ({"seeds": -1}, "positive count"),
+    ({"seeds": [1.5]}, "non-negative integers"),
+    ({"clusters": ["k80x3", "nowhere"]}, "unknown cluster 'nowhere'"),
+    ({"clusters": ["missing.toml"]}, "no such cluster file"),
+    ({"placer": {"name": "magic"}}, "unknown placer 'magic'"),
+    ({"placer": {"name": "greedy", "budget": 3}}, "unknown setting 'budget'"),
+    ({"order_seeds": {"alpha": [1]}}, "order_seeds names 'alpha'"),
+    ({"graphs": {}}, "graphs selects nothing"),
+    ({"graphs": {"synthetic": [{"family": "hexagon"}]}}, "unknown synthetic family"),
+    ({"graphs": {"corpus": {"families": ["nope"], "size": 3}}}, "unknown setting 'size'"),
+    ({"graphs": {"corpus": {"max_nodes": 0}}}, "max_nodes must be a positive integer"),
+    ({"graphs": {"corpus": True, "coarsen_max_nodes": -5}}, "coarsen_max_nodes"),
+    ({"graphs": {"corpus": True, "training": "yes"}}, "graphs.training must be true"),
+    ({"graphs": {"files": ["no_such_graph.onnx"]}}, "no such graph file"),
+])
+def test_spec_errors(changes, message):
+    with pytest.raises(TravorderError, match=message):
+        StudySpec.from_dict({**SMALL, **changes})
+
+
+def test_spec_missing_setting_and_file(tmp_path):
+    doc = {k: v for k, v in SMALL.items() if k != "placer"}
+    with pytest.raises(TravorderError, match="missing setting 'placer'"):
+        StudySpec.from_dict(doc)
+    with pytest.raises(FormatError, match="no such study spec"):
+        load_spec(tmp_path / "absent.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("name = [")
+    with pytest.raises(FormatError, match="not valid TOML"):
+        load_spec(bad)
+
+
+def test_spec_file_paths_are_relative_to_the_spec(tmp_path):
+    (tmp_path / "c.toml").write_text(
+        'name = "mine"\nlink_model = "link"\ndevices = [{name = "d", count = 2, '
+        'peak_flops = 1e12, mem_bw = 1e11}]\nlinks = {bandwidth = 1000.0, latency = 1.0}\n')
+    (tmp_path / "s.toml").write_text(
+        'name = "x"\norders = ["topo"]\nclusters = ["c.toml", "k80x3"]\n'
+        '[placer]\nname = "greedy"\n[graphs]\nsynthetic = [{family = "chain"}]\n')
+    s = load_spec(tmp_path / "s.toml")
+    assert [c.name for c in s.clusters] == ["mine", "k80x3"]
+    with pytest.raises(TravorderError, match=r"s\.toml.*unknown placer"):
+        (tmp_path / "s.toml").write_text(
+            (tmp_path / "s.toml").read_text().replace('"greedy"', '"gredy"'))
+        load_spec(tmp_path / "s.toml")
+
+
+# ---------------------------------------------------------------------------- jobs
+def test_run_job_is_the_placement_of_the_prepared_graph():
+    s = spec()
+    g, c = s.select_graphs()[0], load_cluster("k80x3")
+    job = make_job(g, c, "bfs", "greedy", {}, seed=0, training=True)
+    prepared = prepare_graph(g, True)
+    out = run_job(job, prepared, c)
+    from travorder.placement import place
+    direct = place(prepared, c, "greedy", "bfs", 0)
+    assert out["placement"] == direct.placement.tolist()
+    assert out["step_time_us"] == direct.step_time_us
+    assert out["study_hash"] == prepared.graph_hash and out["study_nodes"] == 2 * g.n_nodes
+    # The key: same inputs, same id; a different option or cluster, another config.
+    assert job.job_id == make_job(g, c, "bfs", "greedy", {}, 0).job_id
+    assert job.config_hash != make_job(g, c, "bfs", "greedy", {"colocate": False},
+                                       0).config_hash
+    assert job.config_hash != make_job(g, load_cluster("pcie4x4"), "bfs", "greedy", {},
+                                       0).config_hash
+
+
+# ---------------------------------------------------------------------------- runner
+def test_study_runs_resumes_and_adds_only_new_jobs(tmp_path):
+    store = tmp_path / "s.sqlite"
+    first = run_study(spec(), store, progress=False)
+    assert (first.total, first.skipped, first.ran, first.done, first.failed) == (12, 0, 12,
+                                                                                 12, 0)
+    before = outcomes(store)
+    again = run_study(spec(), store, progress=False)
+    assert (again.ran, again.skipped) == (0, 12)
+    more = run_study(spec(seeds=[0, 1]), store, progress=False)  # topo, bfs get seed 1
+    assert (more.total, more.skipped, more.ran) == (18, 12, 6)
+    after = outcomes(store)
+    assert {k: after[k] for k in before} == before
+    with ResultStore(store) as st:
+        status = st.status()
+        assert st.integrity_check() == "ok"
+    assert (status["done"], status["failed"]) == (18, 0)
+    assert [(x["total"], x["done"], x["pending"]) for x in status["studies"]] == [
+        (12, 12, 0), (18, 18, 0)]
+    # Stored placements decode to the placer's output on the prepared graph.
+    con = sqlite3.connect(store)
+    blob, name = con.execute("SELECT placement, graph_name FROM jobs WHERE order_name = "
+                             "'topo' AND seed = 0 ORDER BY graph_name LIMIT 1").fetchone()
+    con.close()
+    g = prepare_graph(spec().select_graphs()[0], True, 40)
+    from travorder.placement import place
+    assert name == g.name
+    assert decode_placement(blob).tolist() == place(g, "k80x3").placement.tolist()
+
+
+def _explode(graph, cluster, order, seed):
+    if graph.name.startswith("syn_rnn"):
+        raise RuntimeError("boom on " + graph.name)
+    return greedy(graph, cluster, order, seed)
+
+
+def test_a_failing_job_is_stored_and_the_study_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setitem(PLACERS, "explode", _explode)
+    store = tmp_path / "s.sqlite"
+    s = spec(placer={"name": "explode"})
+    summary = run_study(s, store, progress=False)
+    assert (summary.done, summary.failed) == (8, 4)
+    con = sqlite3.connect(store)
+    rows = con.execute("SELECT graph_name, status, error, step_time_us FROM jobs "
+                       "WHERE status = 'failed'").fetchall()
+    con.close()
+    rnn_name = s.select_graphs()[2].name
+    assert {r[0] for r in rows} == {rnn_name}
+    assert all(f"RuntimeError: boom on {rnn_name}" in r[2] and r[3] is None for r in rows)
+    # Failed jobs run again; once they succeed their rows are replaced.
+    monkeypatch.setitem(PLACERS, "explode", lambda g, c, o, s: greedy(g, c, o, s))
+    again = run_study(s, store, progress=False)
+    assert (again.skipped, again.ran, again.failed) == (8, 4, 0)
+    with ResultStore(store) as st:
+        assert st.status()["failed"] == 0 and st.status()["done"] == 12
+
+
+def test_runner_argument_errors(tmp_path):
+    with pytest.raises(TravorderError, match="unknown backend 'dask'"):
+        run_study(spec(), tmp_path / "s.sqlite", backend="dask")
+    with pytest.raises(TravorderError, match="jobs must be a positive integer"):
+        run_study(spec(), tmp_path / "s.sqlite", jobs=0)
+    with pytest.raises(TravorderError, match=r"placer 'greedy' on cluster 'k80x3'.*option"):
+        run_study(spec(placer={"name": "greedy", "options": {"episodes": 3}}),
+                  tmp_path / "s.sqlite", progress=False)
+    (tmp_path / "junk.sqlite").write_text("not a database, not at all" * 100)
+    with pytest.raises(FormatError, match="not a travorder result store"):
+        ResultStore(tmp_path / "junk.sqlite")
+
+
+@pytest.mark.slow
+def test_loky_workers_store_the_same_outcomes(tmp_path):
+    run_study(spec(), tmp_path / "one.sqlite", jobs=1, progress=False)
+    summary = run_study(spec(), tmp_path / "two.sqlite", jobs=2, progress=False)
+    assert summary.done == 12
+    assert outcomes(tmp_path / "one.sqlite") == outcomes(tmp_path / "two.sqlite")
+
+
+RL_SPEC = {**SMALL, "orders": ["topo", "dfs_preorder"], "seeds": [0, 1], "order_seeds": {},
+           "placer": {"name": "rl", "options": {"episodes": 3}},
+           "graphs": {"coarsen_max_nodes": 24, "synthetic": [
+               {"family": "chain", "seeds": [0], "params": {"n_layers": 5}},
+               {"family": "rnn", "seeds": [0], "params": {"timesteps": 3, "cell_nodes": 4}}]}}
+
+
+@pytest.mark.slow
+def test_loky_and_ray_give_identical_results(tmp_path):
+    pytest.importorskip("ray")
+    for name, s in (("greedy", spec()), ("rl", StudySpec.from_dict(RL_SPEC))):
+        loky, ray_ = tmp_path / f"{name}-loky.sqlite", tmp_path / f"{name}-ray.sqlite"
+        a = run_study(s, loky, jobs=2, backend="loky", progress=False)
+        b = run_study(s, ray_, jobs=2, backend="ray", progress=False)
+        assert a.done == b.done == a.total and a.failed == 0
+        assert outcomes(loky) == outcomes(ray_)
+        if name == "rl":
+            curves = [json.loads(v[OUTCOME_COLUMNS.index("learning_curve")])
+                      for v in outcomes(ray_).values()]
+            assert all(len(c) == 3 for c in curves)
+
+
+_RUNNER = """
+import sys
+from travorder.study import StudySpec, run_study
+spec = StudySpec.from_dict({"name": "fault", "orders": "all", "seeds": [0, 1, 2],
+    "clusters": ["k80x3", "v100x4-nvlink"], "placer": {"name": "greedy"},
+    "graphs": {"coarsen_max_nodes": 150, "synthetic": [
+        {"family": f, "seeds": [0, 1, 2]} for f in ("chain", "resnet", "unet", "rnn")]}})
+print(run_study(spec, sys.argv[1], jobs=2, progress=False), flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_mid_study_loses_nothing_and_resumes(tmp_path):
+    store = tmp_path / "fault.sqlite"
+    proc = subprocess.Popen([sys.executable, "-c", _RUNNER, str(store)],
+                            start_new_session=True)
+    try:
+        snapshot: dict[str, tuple] = {}
+        deadline = time.monotonic() + 240
+        while len(snapshot) < 60 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            if store.exists():
+                with contextlib.suppress(sqlite3.OperationalError):  # no schema yet
+                    snapshot = outcomes(store)
+        assert len(snapshot) >= 60, "the study did not get going"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    killed = outcomes(store)
+    with ResultStore(store) as st:
+        assert st.integrity_check() == "ok"
+        total = st.status()["studies"][0]["total"]
+    assert len(killed) < total, "killed too late to test anything"
+    assert {k: killed[k] for k in snapshot} == snapshot
+    con = sqlite3.connect(store)
+    dup = con.execute("SELECT COUNT(*) FROM (SELECT 1 FROM jobs GROUP BY graph_hash, "
+                      "graph_name, cluster, order_name, placer, config_hash, seed "
+                      "HAVING COUNT(*) > 1)").fetchone()[0]
+    con.close()
+    assert dup == 0
+    out = subprocess.run([sys.executable, "-c", _RUNNER, str(store)], check=True,
+                         capture_output=True, text=True).stdout
+    assert f"skipped={len(killed)}" in out and "failed=0" in out
+    resumed = outcomes(store)
+    assert len(resumed) == total
+    clean = tmp_path / "clean.sqlite"
+    subprocess.run([sys.executable, "-c", _RUNNER, str(clean)], check=True,
+                   capture_output=True)
+    assert outcomes(clean) == resumed
+
+
+# ---------------------------------------------------------------------------- export
+def _hand_store(path: Path) -> None:
+    """One graph on one cluster: per order, hand-picked step times over seeds."""
+    g = OpGraph(["a", "b"], [0], [1], flops=[1e9, 1e9], meta={
+        "name": "g", "family": "fam", "source": "hand"})
+    c = load_cluster("k80x3")
+    times = {"topo": [(100, 1), (110, 1), (90, 1)],   # median 100, spread 0.2
+             "bfs": [(95, 1)],                          # the best
+             "alpha": [(300, 1), (310, 1)],             # median 305, far off
+             "dfs_preorder": [(80, 0), (80, 1)],        # fastest, but one seed infeasible
+             "dfs_postorder": [(95.5, 1)]}              # within 1% of 95
+    with ResultStore(path) as store:
+        store.add_graph(g, g, True, 0, {"x": 1.5, "y": -2.0}, 7)
+        store.add_study("hand", {}, "h", [], [c])
+        for order, runs in times.items():
+            for seed, (t, ok) in enumerate(runs):
+                job = make_job(g, c, order, "greedy", {}, seed, True, 0)
+                store.record(job, {"status": "done", "step_time_us": float(t),
+                                   "feasible": bool(ok), "placement": [0, 1]})
+        failed = make_job(g, c, "reversed_topo", "greedy", {}, 0, True, 0)
+        store.record(failed, {"status": "failed", "error": "boom"})
+
+
+def test_export_medians_spreads_and_ties(tmp_path):
+    _hand_store(tmp_path / "h.sqlite")
+    data = dataset_frame(tmp_path / "h.sqlite")
+    assert len(data) == 1
+    row = data.iloc[0]
+    assert row["time_topo"] == 100 and row["spread_topo"] == pytest.approx(0.2)
+    assert row["seeds_topo"] == 3 and row["seeds_bfs"] == 1
+    assert row["time_alpha"] == 305 and row["spread_alpha"] == pytest.approx(10 / 305)
+    assert row["feasible_dfs_preorder"] == 0.5
+    assert "time_reversed_topo" not in data.columns  # failed jobs do not count
+    assert row["best_order"] == "bfs" and row["best_time_us"] == 95
+    # topo: 100 <= 95 * (1 + 0.2), its spread; dfs_postorder: 95.5 <= 95 * 1.01 = 95.95
+    assert row["ties"] == "bfs,dfs_postorder,topo" and row["n_ties"] == 3
+    assert (row["f_x"], row["f_y"], row["feature_schema"]) == (1.5, -2.0, 7)
+    assert row["c_n_devices"] == 3 and row["family"] == "fam" and row["n_nodes"] == 2
+    assert dataset_frame(tmp_path / "h.sqlite", rel_tol=0.0).iloc[0]["ties"] == "bfs,topo"
+
+
+@pytest.mark.parametrize("name", ["d.parquet", "d.csv", "d.csv.gz"])
+def test_export_round_trip(tmp_path, name):
+    _hand_store(tmp_path / "h.sqlite")
+    written = export_dataset(tmp_path / "h.sqlite", tmp_path / name)
+    back = load_dataset(tmp_path / name)
+    assert list(back.columns) == list(written.columns)
+    assert back.iloc[0]["ties"] == "bfs,dfs_postorder,topo"
+    assert math.isclose(back.iloc[0]["spread_topo"], 0.2)
+
+
+def test_export_errors(tmp_path):
+    with pytest.raises(FormatError, match="no such result store"):
+        dataset_frame(tmp_path / "none.sqlite")
+    ResultStore(tmp_path / "empty.sqlite").close()
+    with pytest.raises(TravorderError, match="no finished job"):
+        dataset_frame(tmp_path / "empty.sqlite")
+    _hand_store(tmp_path / "h.sqlite")
+    with pytest.raises(TravorderError, match=r"must end in \.parquet"):
+        export_dataset(tmp_path / "h.sqlite", tmp_path / "d.xlsx")
+    (tmp_path / "x.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(FormatError, match="not a travorder study dataset"):
+        load_dataset(tmp_path / "x.csv")
+
+
+# ---------------------------------------------------------------------------- report
+def test_report_writes_page_and_figures(tmp_path):
+    _hand_store(tmp_path / "h.sqlite")
+    files = write_report(tmp_path / "h.sqlite", tmp_path / "report")
+    names = sorted(p.name for p in files)
+    assert names == ["index.html", "ratio_greedy_k80x3.png", "wins_greedy_k80x3.png"]
+    assert all(p.stat().st_size > 1000 for p in files)
+    page = (tmp_path / "report" / "index.html").read_text()
+    assert ("<b>fam</b> (greedy): use <code>bfs</code> (as good within 1%: dfs_postorder): "
+            "best or tied on 33% of the graphs, 1.000x the best") in page
+    rec = recommendations(dataset_frame(tmp_path / "h.sqlite")).iloc[0]
+    # Three tied orders share the win; bfs has the lowest ratio (1.0) among them.
+    assert (rec["recommended"], rec["win_share"]) == ("bfs", pytest.approx(1 / 3))
+    assert rec["equivalent"] == "bfs,dfs_postorder"  # 95.5 / 95 is within 1%
+    assert rec["topo_ratio"] == pytest.approx(100 / 95)
+
+
+def test_report_draws_rl_learning_curves(tmp_path):
+    store = tmp_path / "rl.sqlite"
+    g = OpGraph(["a", "b"], [0], [1], meta={"name": "g", "family": "f", "source": "s"})
+    c = load_cluster("k80x3")
+    with ResultStore(store) as st:
+        st.add_graph(g, g, True, 0, {"x": 1.0}, 1)
+        st.add_study("rl", {}, "r", [], [c])
+        for order in ("topo", "bfs"):
+            st.record(make_job(g, c, order, "rl", {"episodes": 3}, 0), {
+                "status": "done", "step_time_us": 10.0, "feasible": True,
+                "learning_curve": list(np.linspace(20, 10, 3))})
+    files = write_report(store, tmp_path / "r")
+    assert "curves_k80x3.png" in {p.name for p in files}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path):
+    store = tmp_path / "int.sqlite"
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            + _RUNNER)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(store)],
+                            stdout=subprocess.PIPE, text=True)
+    seen: dict[str, tuple] = {}
+    deadline = time.monotonic() + 240
+    while len(seen) < 20 and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if store.exists():
+            with contextlib.suppress(sqlite3.OperationalError):
+                seen = outcomes(store)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "interrupted=True" in out
+    kept = outcomes(store)
+    assert {k: kept[k] for k in seen} == seen and len(kept) < 792
+    with ResultStore(store) as st:
+        assert st.integrity_check() == "ok"
+
+
+def test_a_changed_corpus_is_a_new_plan_and_export_can_keep_only_it(tmp_path):
+    store = tmp_path / "s.sqlite"
+    run_study(spec(), store, progress=False)
+    changed = dict(SMALL["graphs"], synthetic=[{"family": "chain", "seeds": [0],
+                                                "params": {"n_layers": 6}}])
+    summary = run_study(spec(graphs=changed), store, progress=False)
+    assert (summary.total, summary.ran) == (4, 4)
+    with ResultStore(store) as st:
+        plans = st.status()["studies"]
+    assert [(p["name"], p["total"], p["done"]) for p in plans] == [("small", 12, 12),
+                                                                     ("small", 4, 4)]
+    assert len(dataset_frame(store)) == 4
+    latest = dataset_frame(store, study="small")
+    assert latest["graph"].tolist() == [spec(graphs=changed).select_graphs()[0].name]
+    with pytest.raises(TravorderError, match="no study named 'big'"):
+        dataset_frame(store, study="big")
