@@ -10,8 +10,7 @@ torch or numba until a function that needs them is called.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from travorder._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -38,11 +37,4 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 
-def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'travorder' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

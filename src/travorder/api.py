@@ -12,19 +12,19 @@ from __future__ import annotations
 
 import sys
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from travorder.errors import TravorderError
 from travorder.featurize import graph_features
-from travorder.graph import GraphSource, OpGraph, load_graph, training_graph
+from travorder.graph import GraphSource, OpGraph, load_graph, prepare_graph, training_graph
 from travorder.placement.clusters import Cluster, load_cluster
-from travorder.placement.placers import PlacementResult
-from travorder.placement.placers import place as place_graph
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
-from travorder.study.spec import prepare_graph
+
+if TYPE_CHECKING:
+    from travorder.placement.placers import PlacementResult
 
 
 @dataclass(frozen=True)
@@ -120,6 +120,8 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
     The graph is expanded to a training-step graph unless ``training=False``; ``options``
     go to the placer (e.g. ``episodes=`` for ``rl``).
     """
+    from travorder.placement.placers import place as place_graph
+
     g = as_graph(model, example_inputs)
     c = load_cluster(cluster)
     if order == "auto":

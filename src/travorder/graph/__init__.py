@@ -3,6 +3,7 @@
 from travorder.graph.coarsen import Coarsening, coarsen
 from travorder.graph.load import GraphSource, load_graph, save_graph, sniff_format
 from travorder.graph.opgraph import OpGraph
+from travorder.graph.prepare import prepare_graph
 from travorder.graph.training import training_graph
 
 __all__ = [
@@ -11,6 +12,7 @@ __all__ = [
     "OpGraph",
     "coarsen",
     "load_graph",
+    "prepare_graph",
     "save_graph",
     "sniff_format",
     "training_graph",

@@ -1,62 +1,34 @@
 """Placement: device clusters, the training-step simulator, traversal orders, placers."""
 
-from travorder.placement.clusters import (
-    LINK_MODELS,
-    PRESETS,
-    Cluster,
-    Device,
-    compute_times,
-    load_cluster,
-)
-from travorder.placement.orders import (
-    ORDERS,
-    STUDY_ORDERS,
-    TOPOLOGICAL_ORDERS,
-    get_order,
-    traversal_order,
-)
-from travorder.placement.placement_file import load_placement, save_placement
-from travorder.placement.placers import (
-    PLACERS,
-    PlacementResult,
-    get_placer,
-    place,
-    register_placer,
-)
-from travorder.placement.simulator import (
-    BatchResult,
-    SimResult,
-    Simulator,
-    check_placement,
-    lower_bound,
-    simulate,
-    tie_rank,
-)
+from travorder._lazy import lazy_exports
 
-__all__ = [
-    "LINK_MODELS",
-    "ORDERS",
-    "PLACERS",
-    "PRESETS",
-    "STUDY_ORDERS",
-    "TOPOLOGICAL_ORDERS",
-    "BatchResult",
-    "Cluster",
-    "Device",
-    "PlacementResult",
-    "SimResult",
-    "Simulator",
-    "check_placement",
-    "compute_times",
-    "get_order",
-    "get_placer",
-    "load_cluster",
-    "load_placement",
-    "lower_bound",
-    "place",
-    "register_placer",
-    "save_placement",
-    "simulate",
-    "tie_rank",
-    "traversal_order",
-]
+_EXPORTS = {
+    "LINK_MODELS": "travorder.placement.clusters",
+    "PRESETS": "travorder.placement.clusters",
+    "Cluster": "travorder.placement.clusters",
+    "Device": "travorder.placement.clusters",
+    "compute_times": "travorder.placement.clusters",
+    "load_cluster": "travorder.placement.clusters",
+    "ORDERS": "travorder.placement.orders",
+    "STUDY_ORDERS": "travorder.placement.orders",
+    "TOPOLOGICAL_ORDERS": "travorder.placement.orders",
+    "get_order": "travorder.placement.orders",
+    "traversal_order": "travorder.placement.orders",
+    "load_placement": "travorder.placement.placement_file",
+    "save_placement": "travorder.placement.placement_file",
+    "PLACERS": "travorder.placement.placers",
+    "PlacementResult": "travorder.placement.placers",
+    "get_placer": "travorder.placement.placers",
+    "place": "travorder.placement.placers",
+    "register_placer": "travorder.placement.placers",
+    "BatchResult": "travorder.placement.simulator",
+    "SimResult": "travorder.placement.simulator",
+    "Simulator": "travorder.placement.simulator",
+    "check_placement": "travorder.placement.simulator",
+    "lower_bound": "travorder.placement.simulator",
+    "simulate": "travorder.placement.simulator",
+    "tie_rank": "travorder.placement.simulator",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

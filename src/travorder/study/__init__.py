@@ -4,9 +4,10 @@
 store into the predictor's dataset; `write_report` draws it. See docs/study.md.
 """
 
+from travorder.graph import prepare_graph
 from travorder.study.jobs import Job, run_job
 from travorder.study.runner import BACKENDS, StudySummary, run_study
-from travorder.study.spec import StudySpec, load_spec, prepare_graph
+from travorder.study.spec import StudySpec, load_spec
 from travorder.study.store import ResultStore
 
 __all__ = [

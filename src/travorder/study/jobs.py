@@ -9,7 +9,7 @@ outcome apart from its timings and library versions.
 
 >>> from travorder.datasets.synthetic import chain
 >>> from travorder.placement import load_cluster
->>> from travorder.study.spec import prepare_graph
+>>> from travorder.graph import prepare_graph
 >>> g, c = chain(0, n_layers=4), load_cluster("k80x3")
 >>> job = make_job(g, c, "topo", "greedy", {}, seed=0, training=True)
 >>> out = run_job(job, prepare_graph(g, True), c)

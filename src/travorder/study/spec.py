@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from travorder.errors import FormatError, TravorderError
-from travorder.graph import OpGraph, coarsen, load_graph, training_graph
+from travorder.graph import OpGraph, load_graph, prepare_graph
 from travorder.placement import ORDERS, PLACERS, STUDY_ORDERS, Cluster, load_cluster
 
 _TOP_KEYS = ("name", "description", "orders", "seeds", "clusters", "order_seeds", "placer",
@@ -162,17 +162,6 @@ class StudySpec:
     def prepare(self, graph: OpGraph) -> OpGraph:
         """`prepare_graph` with this spec's settings."""
         return prepare_graph(graph, self.training, self.coarsen_max_nodes)
-
-
-def prepare_graph(graph: OpGraph, training: bool = True, coarsen_max_nodes: int = 0
-                  ) -> OpGraph:
-    """The graph a study places: ``graph`` expanded by `training_graph` (if ``training``)
-    and then coarsened to at most ``coarsen_max_nodes`` nodes (if positive). Both keep
-    the graph's metadata (name, family, source)."""
-    g = training_graph(graph) if training else graph
-    if coarsen_max_nodes and g.n_nodes > coarsen_max_nodes:
-        g = coarsen(g, coarsen_max_nodes).graph
-    return g
 
 
 def load_spec(path: str | os.PathLike[str]) -> StudySpec:

@@ -40,6 +40,7 @@ from travorder.placement.placers.heuristics import (
     round_robin,
     single,
 )
+from travorder.placement.rl import rl_place
 from travorder.placement.simulator import Simulator
 
 PlacerFn = Callable[..., Any]
@@ -54,6 +55,7 @@ PLACERS: dict[str, PlacerFn] = {
     "m_topo": m_topo,
     "m_etf": m_etf,
     "m_sct": m_sct,
+    "rl": rl_place,
 }
 
 

@@ -1,0 +1,57 @@
+"""Cold-start time of `recommend-order` on an ONNX model of over 500 nodes.
+
+Each run is a fresh process, as a user's would be. Side by side, in the same loop, the
+bare interpreter start (`python -c pass`) as the reference, so a noisy machine shows in
+both. Prints medians and the ratio; the target is at most 1.5 s wall per run.
+
+    python benchmarks/recommend.py [--runs 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+
+from travorder.datasets.onnx_examples import transformer_stack
+from travorder.graph import load_graph
+
+
+def _timed(cmd: list[str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--runs", type=int, default=7)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "transformer.onnx"
+        onnx.save(transformer_stack(n_layers=16), path)
+        n = load_graph(path).n_nodes
+        bin_dir = Path(sys.executable).parent
+        recommend = [str(bin_dir / "recommend-order"), str(path), "--json"]
+        bare = [sys.executable, "-c", "pass"]
+        _timed(recommend)  # warm the file cache and numba's on-disk cache
+        rec, ref = [], []
+        for _ in range(args.runs):
+            rec.append(_timed(recommend))
+            ref.append(_timed(bare))
+    med_rec, med_ref = statistics.median(rec), statistics.median(ref)
+    print(f"model: transformer_stack(n_layers=16), {n} ONNX nodes; {args.runs} runs each")
+    print(f"recommend-order  median {med_rec:.3f} s  (min {min(rec):.3f} s)")
+    print(f"python -c pass   median {med_ref:.3f} s  (min {min(ref):.3f} s)")
+    print(f"ratio {med_rec / med_ref:.1f}x the bare interpreter; target <= 1.5 s: "
+          f"{'met' if med_rec <= 1.5 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

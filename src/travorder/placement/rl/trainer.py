@@ -1,0 +1,315 @@
+"""REINFORCE for the Placeto-style placer, top to bottom in `train`.
+
+One run trains a fresh policy on one graph (as the study did): ``episodes`` episodes of
+`PlacementEnv`, each visiting every node once in the traversal order. Every
+``eval_every``-th episode picks the most likely device at each step and is not used for
+learning; the others sample, and after each of them the policy takes one Adam step on
+
+``loss = -mean_t (G_t - b_t) log pi(a_t | s_t) - entropy_coef * mean_t H(pi(. | s_t))``
+
+over the steps that had a choice, where ``G_t`` is the return from step ``t`` on and
+``b_t`` the mean of ``G_t`` over the last ``baseline_window`` training episodes (zero
+before the first), with the gradient norm clipped to ``grad_clip``.
+
+A run is deterministic for a given seed on CPU: the policy's initial weights come from
+``torch.manual_seed(seed)`` (the caller's torch random state is left as it was), the
+sampling from ``numpy.random.default_rng(seed)``, and torch runs single-threaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from scipy.signal import lfilter
+
+from travorder.errors import TravorderError
+from travorder.graph import OpGraph
+from travorder.placement.clusters import Cluster
+from travorder.placement.rl.env import MEMORY_MODES, PlacementEnv
+from travorder.placement.rl.policy import (
+    EpisodeHead,
+    PlacementPolicy,
+    PolicyGraph,
+    StepContext,
+    static_features,
+)
+from travorder.placement.simulator import Simulator
+
+ENCODERS = ("placeto", "sage")
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """Settings of one RL placement run.
+
+    The defaults follow Placeto and the study (50 episodes, every 5th greedy, Adam 1e-3,
+    gradient clip 1.25) except for the returns: ``gamma = 0.5`` and a 10-episode
+    baseline, with which learning shows within 50 episodes (Placeto's undiscounted
+    returns and all-episode baseline are in `paper`; see ``docs/rl.md``).
+
+    ``episodes``: episodes per run; ``eval_every``: every this many episodes one is
+    greedy and not learnt from; ``lr``: Adam's learning rate; ``grad_clip``: the largest
+    gradient norm; ``entropy_coef``: weight of the entropy bonus; ``baseline_window``:
+    how many recent training episodes the per-step baseline averages; ``gamma``: discount
+    of the returns; ``encoder``: ``"placeto"`` or ``"sage"``; ``dim`` / ``hidden``:
+    widths of the graph network and of the head; ``memory`` / ``memory_penalty`` /
+    ``colocate``: see `PlacementEnv`; ``threads``: torch threads during the run.
+    """
+
+    episodes: int = 50
+    eval_every: int = 5
+    lr: float = 1e-3
+    grad_clip: float = 1.25
+    entropy_coef: float = 0.01
+    baseline_window: int = 10
+    gamma: float = 0.5
+    encoder: str = "placeto"
+    dim: int = 32
+    hidden: int = 64
+    memory: str = "mask"
+    memory_penalty: float = 10.0
+    colocate: bool = True
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            kind = {"int": int, "float": float, "str": str, "bool": bool}[f.type]
+            if isinstance(value, str) and kind is not str:
+                value = _parse(f.name, value, kind)
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise TravorderError(f"rl option {f.name} must be {f.type}, got {value!r}")
+            object.__setattr__(self, f.name, value)
+        checks = [
+            (self.episodes >= 1, "episodes must be at least 1"),
+            (self.eval_every >= 1, "eval_every must be at least 1"),
+            (self.lr > 0 and math.isfinite(self.lr), "lr must be positive"),
+            (self.grad_clip > 0, "grad_clip must be positive"),
+            (self.entropy_coef >= 0 and math.isfinite(self.entropy_coef),
+             "entropy_coef must be non-negative"),
+            (self.baseline_window >= 1, "baseline_window must be at least 1"),
+            (0 < self.gamma <= 1, "gamma must be in (0, 1]"),
+            (self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}"),
+            (self.dim >= 1 and self.hidden >= 1, "dim and hidden must be at least 1"),
+            (self.memory in MEMORY_MODES, f"memory must be one of {', '.join(MEMORY_MODES)}"),
+            (self.memory_penalty >= 0 and math.isfinite(self.memory_penalty),
+             "memory_penalty must be non-negative"),
+            (self.threads >= 1, "threads must be at least 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise TravorderError(f"rl option {message}")
+
+    @classmethod
+    def paper(cls) -> RLConfig:
+        """The study's setting, pinned: Placeto's REINFORCE with log step-time rewards,
+        undiscounted returns (``disc_factor = 1``), a per-step baseline over all earlier
+        episodes (``bl_n_rnds = 1000``), 50 episodes with every 5th greedy, Adam 1e-3,
+        clip 1.25 and Placeto's encoder, on the ``k80x3`` cluster (3 devices), which
+        `rl_place` enforces. The entropy weight and the network widths are not given
+        by the study and are the defaults'."""
+        return cls(episodes=50, eval_every=5, lr=1e-3, grad_clip=1.25, entropy_coef=0.01,
+                   baseline_window=1000, gamma=1.0, encoder="placeto", dim=32, hidden=64,
+                   memory="mask", memory_penalty=10.0, colocate=True, threads=1)
+
+    @classmethod
+    def from_options(cls, preset: str = "default", **options: Any) -> RLConfig:
+        """A preset (``"default"`` or ``"paper"``) with some fields replaced; option values
+        may be strings (as from a command line)."""
+        if preset not in PRESETS:
+            raise TravorderError(f"unknown rl preset {preset!r} (expected "
+                                 f"{', '.join(PRESETS)})")
+        names = [f.name for f in dataclasses.fields(cls)]
+        for key in options:
+            if key not in names:
+                raise TravorderError(f"placer 'rl' has no option {key!r} (options: preset, "
+                                     f"{', '.join(names)})")
+        return dataclasses.replace(PRESETS[preset](), **options)
+
+
+def _parse(name: str, text: str, kind: type) -> Any:
+    if kind is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+    else:
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    raise TravorderError(f"rl option {name} must be {kind.__name__}, got {text!r}")
+
+
+#: Presets by name: functions returning an `RLConfig`.
+PRESETS = {"default": RLConfig, "paper": RLConfig.paper}
+
+
+@dataclass(frozen=True, eq=False)
+class RLRun:
+    """The outcome of `train`.
+
+    ``placement`` is the best placement seen (feasible first, then fastest) with its
+    ``step_time_us``, ``efficiency`` and ``feasible``. Per episode: ``curve`` is the
+    step time of the episode's final placement, ``best_curve`` the best step time so far,
+    ``greedy`` whether the episode was a greedy one. ``env_s`` is the time spent in the
+    environment (simulation), ``policy_s`` in the policy (features, forward, backward,
+    update), ``wall_s`` the whole run.
+    """
+
+    placement: np.ndarray
+    step_time_us: float
+    efficiency: float
+    feasible: bool
+    curve: list[float]
+    best_curve: list[float]
+    greedy: list[bool]
+    env_s: float
+    policy_s: float
+    wall_s: float
+    config: RLConfig
+
+
+def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
+    """``G_t = r_t + gamma * G_{t+1}`` for every step, computed backwards (stable for
+    long episodes).
+
+    >>> returns_to_go(np.array([1.0, 2.0, 4.0]), 0.5).tolist()
+    [3.0, 4.0, 4.0]
+    """
+    return lfilter([1.0], [1.0, -gamma], rewards[::-1])[::-1].copy()
+
+
+def _choose(logits: np.ndarray, mask: np.ndarray, greedy: bool,
+            rng: np.random.Generator) -> int:
+    z = np.where(mask, logits, -np.inf)
+    if greedy:
+        return int(np.argmax(z))
+    cdf = np.cumsum(np.exp(z - z.max()))
+    a = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return a if a < mask.size else int(np.flatnonzero(mask)[-1])  # u * total rounded up
+
+
+def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
+          config: RLConfig | None = None, simulator: Simulator | None = None) -> RLRun:
+    """Train a Placeto policy on ``graph`` visiting nodes in ``order``; see the module."""
+    config = config or RLConfig()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return _train(graph, cluster, order, seed, config, simulator)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
+           config: RLConfig, simulator: Simulator | None) -> RLRun:
+    start = time.perf_counter()
+    env = PlacementEnv(graph, cluster, order, memory=config.memory,
+                       memory_penalty=config.memory_penalty, colocate=config.colocate,
+                       simulator=simulator)
+    env_s = time.perf_counter() - start
+    n, n_dev = graph.n_nodes, cluster.n_devices
+    pg = PolicyGraph(graph, env.sim.compute_us.mean(axis=1))
+    policy = PlacementPolicy(n_dev, encoder=config.encoder, dim=config.dim,
+                             hidden=config.hidden)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    context = StepContext(pg, n_dev)
+    rng = np.random.default_rng(seed)
+    recent_returns: deque[np.ndarray] = deque(maxlen=config.baseline_window)
+    curve, best_curve, greedy_flags = [], [], []
+
+    t0 = time.perf_counter()
+    obs, info = env.reset(seed=seed)
+    env_s += time.perf_counter() - t0
+    for episode in range(config.episodes):
+        if episode:
+            t0 = time.perf_counter()
+            obs, info = env.reset()
+            env_s += time.perf_counter() - t0
+        greedy = (episode + 1) % config.eval_every == 0
+
+        # The episode's fixed features go through the graph network once.
+        x = torch.from_numpy(static_features(pg, obs["placement"], obs["start"], n_dev))
+        with torch.set_grad_enabled(not greedy):
+            table = policy.node_table(x, pg)
+        head = EpisodeHead(policy, table.detach())
+        context.reset(obs["placement"])
+
+        # Play the episode.
+        nodes = np.empty(n, dtype=np.int64)
+        contexts = np.zeros((n, context.width), dtype=np.float32)
+        masks = np.zeros((n, n_dev), dtype=bool)
+        actions = np.zeros(n, dtype=np.int64)
+        rewards = np.zeros(n)
+        for t in range(n):
+            v, mask = obs["node"], obs["action_mask"].astype(bool)
+            nodes[t], masks[t] = v, mask
+            if mask.sum() > 1:
+                contexts[t] = context(v)
+                actions[t] = _choose(head(v, contexts[t]), mask, greedy, rng)
+            else:
+                actions[t] = np.flatnonzero(mask)[0]
+            t0 = time.perf_counter()
+            obs, rewards[t], _, _, info = env.step(actions[t])
+            env_s += time.perf_counter() - t0
+            context.update(v, info["moved"], info["device"])
+        curve.append(info["step_time_us"])
+        best_curve.append(env.best_step_us)
+        greedy_flags.append(greedy)
+        if greedy:
+            continue
+
+        # REINFORCE with a per-step baseline over recent episodes.
+        returns = returns_to_go(rewards, config.gamma)
+        baseline = np.mean(recent_returns, axis=0) if recent_returns else np.zeros(n)
+        recent_returns.append(returns)
+        steps = np.flatnonzero(masks.sum(axis=1) > 1)
+        if steps.size == 0:
+            continue
+        advantage = torch.from_numpy((returns - baseline)[steps].astype(np.float32))
+        logits = policy(table[nodes[steps]], torch.from_numpy(contexts[steps]))
+        allowed = torch.from_numpy(masks[steps])
+        log_p = torch.log_softmax(logits.masked_fill(~allowed, -torch.inf), dim=-1)
+        log_p = log_p.masked_fill(~allowed, 0.0)
+        taken = log_p.gather(1, torch.from_numpy(actions[steps])[:, None])[:, 0]
+        entropy = -(log_p.exp() * log_p).sum(dim=-1)
+        loss = -(advantage * taken).mean() - config.entropy_coef * entropy.mean()
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.grad_clip)
+        optimizer.step()
+
+    wall = time.perf_counter() - start
+    best = env.best_placement.copy()
+    step = env.best_step_us
+    lower = env.sim.lower_bound_us
+    return RLRun(
+        placement=best, step_time_us=step, efficiency=lower / step if step > 0 else 1.0,
+        feasible=env.best_feasible, curve=curve, best_curve=best_curve,
+        greedy=greedy_flags, env_s=env_s, policy_s=wall - env_s, wall_s=wall,
+        config=config,
+    )
+
+
+def rl_place(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0, *,
+             preset: str = "default", **options: Any) -> tuple[np.ndarray, list[float]]:
+    """The ``rl`` placer: train with `RLConfig` ``preset`` and ``options``; return the
+    best placement and the learning curve (final step time per episode)."""
+    config = RLConfig.from_options(preset, **options)
+    if preset == "paper" and cluster.n_devices != 3:
+        raise TravorderError(f"the paper preset is the study's setting on 3 devices "
+                             f"(k80x3); cluster {cluster.name!r} has {cluster.n_devices}")
+    run = train(graph, cluster, order, seed, config)
+    return run.placement, run.curve
