@@ -151,3 +151,11 @@ def test_topological_order_and_levels_agree_with_networkx(g):
     pos = {v: i for i, v in enumerate(order)}
     assert all(pos[u] < pos[v] for u, v in nxg.edges)
     assert g.levels.max(initial=0) == nx.dag_longest_path_length(nxg)
+
+
+def test_pickle_round_trip():
+    import pickle
+
+    g = diamond()
+    back = pickle.loads(pickle.dumps(g))
+    assert back == g and back.meta["family"] == "test"

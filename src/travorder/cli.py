@@ -277,9 +277,10 @@ def _print_evaluation(ev: Any, per_family: bool) -> None:
            ["method", "top-1", "top-2", "mean regret", "p90 regret",
             "worst family vs best fixed"], rows)
     if per_family:
-        fam = ev.per_family
-        _table("mean regret per held-out family", ["method", *fam.columns],
-               [(m, *(f"{100 * v:.2f}%" for v in r)) for m, r in fam.iterrows()])
+        methods = [m for m in ev.per_family.index if not m.startswith("always-")]
+        fam = ev.per_family.loc[[*methods, ev.best_fixed]].T
+        _table("mean regret per held-out family", ["family", *fam.columns],
+               [(f, *(f"{100 * v:.2f}%" for v in r)) for f, r in fam.iterrows()])
 
 
 def _kinds(text: str) -> list[str]:

@@ -254,18 +254,25 @@ class OpGraph:
                 self.is_backward.tolist(), strict=True)
         ]
 
-    def replace(self, **changes: Any) -> OpGraph:
-        """A copy with some constructor arguments changed; ``meta`` entries are merged."""
-        args: dict[str, Any] = {
+    def _arguments(self) -> dict[str, Any]:
+        return {
             "names": self.names, "src": self.src, "dst": self.dst,
             "op_types": self.op_types, "flops": self.flops,
             "output_bytes": self.output_bytes, "param_bytes": self.param_bytes,
             "time_us": self.time_us, "colocation": self.colocation,
             "is_backward": self.is_backward, "edge_bytes": self.edge_bytes,
+            "meta": dict(self.meta),
         }
-        meta = {**self.meta, **changes.pop("meta", {})}
+
+    def replace(self, **changes: Any) -> OpGraph:
+        """A copy with some constructor arguments changed; ``meta`` entries are merged."""
+        args = self._arguments()
+        args["meta"].update(changes.pop("meta", {}))
         args.update(changes)
-        return OpGraph(**args, meta=meta)
+        return OpGraph(**args)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickling (joblib, Ray) goes through __init__
+        return (_rebuild, (self._arguments(),))
 
     def permute(self, perm: Sequence[int]) -> OpGraph:
         """The same graph with node ``perm[i]`` as the new node ``i`` (edges follow)."""
@@ -403,3 +410,7 @@ class OpGraph:
         return self.graph_hash == other.graph_hash and dict(self.meta) == dict(other.meta)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _rebuild(arguments: dict[str, Any]) -> OpGraph:
+    return OpGraph(**arguments)
