@@ -210,3 +210,11 @@ def test_study_bad_input(capsys, tmp_path):
     assert code == 2 and "nonsense" in err and err.count("\n") == 1
     code, _, err = run(capsys, "study", "status", "--store", str(tmp_path / "none.sqlite"))
     assert code == 2 and err.count("\n") == 1
+
+
+def test_zoo_list(capsys):
+    code, out, _ = run(capsys, "zoo", "list", "--family", "rnn", "--json")
+    entries = json.loads(out)
+    assert code == 0 and entries and {e["family"] for e in entries} == {"rnn"}
+    code, _, err = run(capsys, "zoo", "list", "--family", "no_such_family")
+    assert code == 2 and "no_such_family" in err and err.count("\n") == 1

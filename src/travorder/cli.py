@@ -268,6 +268,45 @@ def cmd_study_report(args: argparse.Namespace) -> None:
     print(f"wrote {len(files)} files to {args.out} (open {Path(args.out) / 'index.html'})")
 
 
+# --------------------------------------------------------------------------- zoo
+def cmd_zoo_list(args: argparse.Namespace) -> None:
+    from travorder.datasets.corpus import read_manifest, select_entries
+
+    entries = select_entries(read_manifest(args.corpus), families=args.family,
+                             sources=args.source)
+    if args.json:
+        _print_json(entries)
+        return
+    rows = [(e["name"], e["family"], e["source"], e["nodes"], e["edges"],
+             _human(e["flops"], "FLOP"),
+             f"{e['original_nodes']} -> {e['nodes']}" if e.get("coarsened") else "")
+            for e in entries]
+    _table(f"corpus: {len(entries)} graphs", ["name", "family", "source", "nodes", "edges",
+                                              "FLOPs", "coarsened"], rows)
+
+
+def cmd_zoo_build(args: argparse.Namespace) -> None:
+    try:
+        import torch  # noqa: F401  (the zoo exports torch models)
+    except ImportError:
+        raise TravorderError("zoo build needs torch, torchvision, timm and transformers: "
+                             "see docs/zoo.md for the zoo environment") from None
+    from travorder.datasets.corpus import bundled_corpus_dir
+    from travorder.datasets.zoo import build_zoo
+
+    def progress(i: int, n: int, model: Any, outcome: Any) -> None:
+        what = (f"{outcome.n_nodes} nodes" if hasattr(outcome, "n_nodes")
+                else f"FAILED: {outcome.error}")
+        print(f"[{i}/{n}] {model.name}: {what}", flush=True)
+
+    sizes = {k: v for k, v in [("batch_size", args.batch_size), ("seq_len", args.seq_len),
+                               ("timeout_s", args.timeout)] if v is not None}
+    graphs, failures = build_zoo(args.corpus or bundled_corpus_dir(), names=args.name,
+                                 families=args.family, progress=progress, **sizes)
+    print(f"built {len(graphs)} graphs; {len(failures)} models failed (listed in the "
+          "corpus's zoo_failures.json)")
+
+
 # --------------------------------------------------------------------------- predictor
 def _print_evaluation(ev: Any, per_family: bool) -> None:
     rows = [(m, f"{r.top1:.3f}", f"{r.top2:.3f}", f"{100 * r.mean_regret:.2f}%",
@@ -336,13 +375,6 @@ def cmd_model_show(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- parser
-def _not_built(what: str) -> Callable[[argparse.Namespace], None]:
-    def handler(_: argparse.Namespace) -> None:
-        raise TravorderError(f"{what} is not built yet in this version of travorder")
-
-    return handler
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="travorder",
@@ -462,10 +494,23 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--study", help="only the latest run of this study (spec name)")
         q.set_defaults(func=func)
 
-    for name, what in [("zoo", "`travorder zoo`")]:
-        p = sub.add_parser(name, help=f"{what} (not built yet)")
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-        p.set_defaults(func=_not_built(what))
+    p = sub.add_parser("zoo", help="the bundled model-graph corpus")
+    zsub = p.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
+    corpus_opts = argparse.ArgumentParser(add_help=False)
+    corpus_opts.add_argument("--corpus", help="corpus directory (default: the bundled one)")
+    corpus_opts.add_argument("--family", nargs="+", help="only these families")
+    q = zsub.add_parser("list", parents=[corpus_opts], help="print the corpus manifest")
+    q.add_argument("--source", nargs="+", help="only these sources (e.g. synthetic, timm)")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.set_defaults(func=cmd_zoo_list)
+    q = zsub.add_parser("build", parents=[corpus_opts],
+                        help="export real architectures to the corpus (zoo environment, "
+                             "docs/zoo.md)")
+    q.add_argument("--name", nargs="+", help="only these models")
+    q.add_argument("--batch-size", type=int, help="export batch size (default 1)")
+    q.add_argument("--seq-len", type=int, help="sequence length of text models (default 128)")
+    q.add_argument("--timeout", type=float, help="seconds allowed per model (default 600)")
+    q.set_defaults(func=cmd_zoo_build)
     return parser
 
 
