@@ -372,7 +372,7 @@ def test_report_writes_page_and_figures(tmp_path):
     assert all(p.stat().st_size > 1000 for p in files)
     page = (tmp_path / "report" / "index.html").read_text()
     assert ("<b>fam</b> (greedy): use <code>bfs</code> (as good within 1%: dfs_postorder): "
-            "best or tied on 33% of the graphs, 1.000x the best") in page
+            "win share 33% (orders tied for best share a win), 1.000x the best") in page
     rec = recommendations(dataset_frame(tmp_path / "h.sqlite")).iloc[0]
     # Three tied orders share the win; bfs has the lowest ratio (1.0) among them.
     assert (rec["recommended"], rec["win_share"]) == ("bfs", pytest.approx(1 / 3))

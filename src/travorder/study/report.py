@@ -185,9 +185,9 @@ def _sentence(r: Any, rel_tol: float) -> str:
     also = (f" (as good within {100 * rel_tol:g}%: {', '.join(others)})" if others else "")
     topo = f"; <code>topo</code> {r.topo_ratio:.3f}x" if r.topo_ratio else ""
     return (f"<li><b>{html.escape(r.family)}</b> ({html.escape(r.placer)}): use "
-            f"<code>{html.escape(r.recommended)}</code>{html.escape(also)}: best or tied "
-            f"on {100 * r.win_share:.0f}% of the graphs, {r.mean_ratio:.3f}x the best on "
-            f"average{topo}</li>")
+            f"<code>{html.escape(r.recommended)}</code>{html.escape(also)}: win share "
+            f"{100 * r.win_share:.0f}% (orders tied for best share a win), "
+            f"{r.mean_ratio:.3f}x the best on average{topo}</li>")
 
 
 def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
