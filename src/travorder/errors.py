@@ -5,6 +5,11 @@ Every error a user can cause (a bad file, a bad name, a bad option) is a
 with code 2. Anything else is a bug and keeps its traceback.
 """
 
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
 
 class TravorderError(ValueError):
     """A problem with the user's input, reported as one line."""
@@ -16,3 +21,14 @@ class GraphError(TravorderError):
 
 class FormatError(TravorderError):
     """A file that cannot be read: missing, empty, truncated, or of an unknown format."""
+
+
+def read_text(path: str | os.PathLike[str], what: str) -> str:
+    """The text of a user's file, or a `FormatError` naming ``what`` it should have been."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError(f"no such {what} {str(p)!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(f"cannot read {what} {str(p)!r}: {exc}") from None

@@ -360,22 +360,11 @@ class OpGraph:
 
         Raises :class:`GraphError` naming a node on a cycle if the graph is cyclic.
         """
-        ptr, idx = self.succ_csr
-        indeg = self.in_degree.copy()
-        queue = deque(np.flatnonzero(indeg == 0).tolist())
-        order = []
-        ptr_l, idx_l = ptr.tolist(), idx.tolist()
-        while queue:
-            u = queue.popleft()
-            order.append(u)
-            for v in idx_l[ptr_l[u]:ptr_l[u + 1]]:
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    queue.append(v)
+        order, indeg = kahn_order(self)
         if len(order) != self.n_nodes:
             stuck = int(np.flatnonzero(indeg > 0)[0])
             raise GraphError(f"graph has a cycle through node {str(self.names[stuck])!r}")
-        return _frozen(np.array(order, dtype=np.int64))
+        return _frozen(order)
 
     @cached_property
     def levels(self) -> np.ndarray:
@@ -410,6 +399,26 @@ class OpGraph:
         return self.graph_hash == other.graph_hash and dict(self.meta) == dict(other.meta)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def kahn_order(g: OpGraph, lifo: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Kahn's algorithm: sources queue in index order, each visited node releases its
+    successors in edge order; ``lifo`` pops the most recently released node (a stack), else
+    the oldest (a FIFO queue). Returns the order and the in-degrees left (non-zero only on
+    a cycle, where the order is short)."""
+    ptr, idx = (a.tolist() for a in g.succ_csr)
+    indeg = g.in_degree.copy()
+    pending = deque(np.flatnonzero(indeg == 0).tolist())
+    pop = pending.pop if lifo else pending.popleft
+    order = []
+    while pending:
+        u = pop()
+        order.append(u)
+        for v in idx[ptr[u]:ptr[u + 1]]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                pending.append(v)
+    return np.array(order, dtype=np.int64), indeg
 
 
 def _rebuild(arguments: dict[str, Any]) -> OpGraph:

@@ -27,6 +27,7 @@ import numpy as np
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
+from travorder.graph.opgraph import kahn_order
 
 OrderFn = Callable[[OpGraph, int], np.ndarray]
 
@@ -62,18 +63,7 @@ def topo_lifo(g: OpGraph, seed: int = 0) -> np.ndarray:
     zero, so the walk goes deep into the most recently freed branch first. This is the
     study's ``topo``. Topological.
     """
-    ptr, idx = (a.tolist() for a in g.succ_csr)
-    indeg = g.in_degree.tolist()
-    stack = [v for v in range(g.n_nodes) if indeg[v] == 0]
-    order = []
-    while stack:
-        u = stack.pop()
-        order.append(u)
-        for v in idx[ptr[u]:ptr[u + 1]]:
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                stack.append(v)
-    return _perm(order)
+    return kahn_order(g, lifo=True)[0]
 
 
 def reversed_topo(g: OpGraph, seed: int = 0) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, read_text
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.placers import PlacementResult
@@ -78,12 +78,7 @@ def save_placement(result: PlacementResult, graph: OpGraph, cluster: Cluster,
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError(f"no such placement file {str(path)!r}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"cannot read placement file {str(path)!r}: {exc}") from None
+    text = read_text(path, "placement file")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:

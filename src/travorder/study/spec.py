@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, read_text
 from travorder.graph import OpGraph, load_graph, prepare_graph
 from travorder.placement import ORDERS, PLACERS, STUDY_ORDERS, Cluster, load_cluster
 
@@ -167,12 +167,7 @@ class StudySpec:
 def load_spec(path: str | os.PathLike[str]) -> StudySpec:
     """Read and validate a TOML spec file."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise FormatError(f"no such study spec {str(p)!r}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FormatError(f"cannot read study spec {str(p)!r}: {exc}") from None
+    text = read_text(p, "study spec")
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
