@@ -104,6 +104,7 @@ def test_build_captures_a_failing_builder(tmp_path):
     assert read_failures(tmp_path) == [failures[0].to_dict()]
 
 
+@pytest.mark.slow  # imports torch: seconds
 def test_build_goes_on_after_a_failure_and_clears_it_when_fixed(tmp_path):
     pytest.importorskip("torch")
     build_zoo(tmp_path, models=[_fake("toy_linear", functools.partial(int, "x"))],
@@ -121,6 +122,7 @@ def test_build_goes_on_after_a_failure_and_clears_it_when_fixed(tmp_path):
     assert entry["builder"] == "travorder.datasets.zoo"
 
 
+@pytest.mark.slow  # imports torch: seconds
 def test_export_graph_costs_a_linear_layer():
     pytest.importorskip("torch")
     g = export_graph(_fake("toy_linear", _linear, size=8), batch_size=2)
@@ -135,6 +137,7 @@ def test_export_graph_costs_a_linear_layer():
     assert g.meta["mode"] == "train" and g.meta["n_unknown_shape_ops"] == 0
 
 
+@pytest.mark.slow  # imports torch: seconds
 def test_export_graph_reports_the_exporter_error():
     pytest.importorskip("torch")
     model = ZooModel("toy", "toy", "test", "fake", _linear, InputSpec("image", image_size=5),
@@ -150,9 +153,9 @@ def test_isolated_build_captures_errors_and_times_out():
     assert failures[0].reason.startswith("build: ValueError: invalid literal for int()")
     sleepy = _fake("sleepy", functools.partial(time.sleep, 600))
     start = time.monotonic()
-    _, failures = build_zoo(None, models=[sleepy], timeout_s=2)
+    _, failures = build_zoo(None, models=[sleepy], timeout_s=1)
     assert time.monotonic() - start < 60
-    assert [(f.name, f.reason) for f in failures] == [("sleepy", "timed out after 2 s")]
+    assert [(f.name, f.reason) for f in failures] == [("sleepy", "timed out after 1 s")]
 
 
 def test_build_rejects_bad_sizes():
