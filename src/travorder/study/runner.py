@@ -30,7 +30,6 @@ from typing import Any
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
-from travorder.graph.native import graph_from_dict, graph_to_dict
 from travorder.placement import Cluster, place
 from travorder.study.jobs import Job, run_job_safely, spec_jobs
 from travorder.study.spec import StudySpec, load_spec
@@ -64,12 +63,6 @@ class StudySummary:
         return self.total - self.skipped - self.done
 
 
-def _execute(job: Job, graph_doc: dict[str, Any], cluster: Cluster
-             ) -> tuple[Job, dict[str, Any]]:
-    # OpGraph holds a mappingproxy, which does not pickle: graphs travel as documents.
-    return run_job_safely(job, graph_from_dict(graph_doc), cluster)
-
-
 def _preflight(spec: StudySpec) -> None:
     for cluster in spec.clusters:
         try:
@@ -80,12 +73,12 @@ def _preflight(spec: StudySpec) -> None:
 
 
 def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
-             wanted: set[str]) -> dict[str, dict[str, Any]]:
+             wanted: set[str]) -> dict[str, OpGraph]:
     """Prepare the graphs named in ``wanted`` (and describe any the store lacks)."""
     from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
 
     known = store.graph_keys()
-    docs = {}
+    prepared_graphs = {}
     for g in graphs:
         key = (g.graph_hash, g.name, int(spec.training), spec.coarsen_max_nodes)
         if g.name not in wanted and key in known:
@@ -94,21 +87,21 @@ def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
         if key not in known:
             store.add_graph(g, prepared, spec.training, spec.coarsen_max_nodes,
                             graph_features(prepared), FEATURE_SCHEMA_VERSION)
-        docs[g.name] = graph_to_dict(prepared)
-    return docs
+        prepared_graphs[g.name] = prepared
+    return prepared_graphs
 
 
-def _run_loky(jobs: list[Job], docs: dict[str, dict[str, Any]],
+def _run_loky(jobs: list[Job], graphs: dict[str, OpGraph],
               clusters: dict[str, Cluster], n_workers: int
               ) -> Iterator[tuple[Job, dict[str, Any]]]:
     from joblib import Parallel, delayed
 
     parallel = Parallel(n_jobs=n_workers, backend="loky", return_as="generator_unordered")
-    yield from parallel(delayed(_execute)(job, docs[job.graph_name], clusters[job.cluster])
-                        for job in jobs)
+    yield from parallel(delayed(run_job_safely)(job, graphs[job.graph_name],
+                                                clusters[job.cluster]) for job in jobs)
 
 
-def _run_ray(jobs: list[Job], docs: dict[str, dict[str, Any]],
+def _run_ray(jobs: list[Job], graphs: dict[str, OpGraph],
              clusters: dict[str, Cluster], n_workers: int, address: str | None
              ) -> Iterator[tuple[Job, dict[str, Any]]]:
     try:
@@ -127,10 +120,10 @@ def _run_ray(jobs: list[Job], docs: dict[str, dict[str, Any]],
             raise TravorderError(f"cannot connect to Ray at {address!r}: {exc}") from None
     pending: list[Any] = []
     try:
-        task = ray.remote(num_cpus=1, max_retries=0)(_execute)
-        doc_refs = {name: ray.put(doc) for name, doc in docs.items()}
+        task = ray.remote(num_cpus=1, max_retries=0)(run_job_safely)
+        graph_refs = {name: ray.put(g) for name, g in graphs.items()}
         cluster_refs = {name: ray.put(c) for name, c in clusters.items()}
-        pending = [task.remote(job, doc_refs[job.graph_name], cluster_refs[job.cluster])
+        pending = [task.remote(job, graph_refs[job.graph_name], cluster_refs[job.cluster])
                    for job in jobs]
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
@@ -183,9 +176,9 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         todo = [j for j in all_jobs if j.job_id not in done_before]
         if todo:
             _preflight(spec)
-        docs = _prepare(spec, graphs, store, {j.graph_name for j in todo})
+        prepared = _prepare(spec, graphs, store, {j.graph_name for j in todo})
         # Largest graphs first, so that the last jobs to finish are short ones.
-        todo.sort(key=lambda j: -len(docs[j.graph_name]["nodes"]["name"]))
+        todo.sort(key=lambda j: -prepared[j.graph_name].n_nodes)
         clusters = {c.name: c for c in spec.clusters}
         skipped = len(all_jobs) - len(todo)
         done = failed = 0
@@ -194,8 +187,8 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
             task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
                                 failed=0, rate=0.0)
             t0 = time.perf_counter()
-            results = (_run_loky(todo, docs, clusters, jobs) if backend == "loky"
-                       else _run_ray(todo, docs, clusters, jobs, address))
+            results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
+                       else _run_ray(todo, prepared, clusters, jobs, address))
             try:
                 for job, outcome in results:
                     store.record(job, outcome)
