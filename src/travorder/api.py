@@ -22,6 +22,7 @@ from travorder.graph import GraphSource, OpGraph, load_graph, prepare_graph, tra
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
+from travorder.predictor.model import softmax
 
 if TYPE_CHECKING:
     from travorder.placement.placers import PlacementResult
@@ -92,9 +93,10 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     prepared = prepare_graph(g, manifest.get("training", True),
                              manifest.get("coarsen_max_nodes", 0))
     X = feature_row(graph_features(prepared), c)
-    proba = est.predict_proba(X)[0]
-    regret = est.expected_regret(X)[0]
-    ranked = np.argsort(-est.scores(X)[0], kind="stable")
+    scores = est.scores(X)[0]  # once: every tree of the model runs here
+    proba = softmax(scores)
+    regret = proba @ est.regret_table_  # as OrderPredictor.expected_regret
+    ranked = np.argsort(-scores, kind="stable")
     best, second = int(ranked[0]), int(ranked[1])
     contributions = None
     if explain:

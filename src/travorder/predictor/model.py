@@ -46,9 +46,10 @@ FORMAT_VERSION = 1
 _REGRESSOR_TEMPERATURE = 0.05
 
 
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    z = np.exp(scores - scores.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis: per-order scores to probabilities."""
+    z = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
 
 
 class OrderPredictor(ClassifierMixin, BaseEstimator):
@@ -167,7 +168,7 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
 
     def predict_proba(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
         """Probability of each order (columns as ``classes_``) being the best."""
-        return _softmax(self.scores(X))
+        return softmax(self.scores(X))
 
     def predict(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
         """The recommended order for each row."""
