@@ -175,9 +175,36 @@ def test_missing_model_dir(tmp_path):
         OrderPredictor.load(tmp_path)
 
 
-def test_recommend_path_never_imports_torch(model_dir, onnx_model):
+def test_recommend_path_never_imports_torch_or_the_training_libraries(model_dir, onnx_model):
+    # The cold start of recommend-order depends on it: these take seconds to import.
+    heavy = ["torch", "lightgbm", "sklearn", "pandas", "scipy", "networkx", "numba"]
     code = ("import sys; from travorder.cli import recommend_main; "
             f"rc = recommend_main([{onnx_model!r}, '--predictor', {model_dir!r}, '--json']); "
-            "assert rc == 0; assert 'torch' not in sys.modules, 'torch was imported'")
+            f"assert rc == 0; loaded = [m for m in {heavy!r} if m in sys.modules]; "
+            "assert not loaded, f'imported {loaded}'")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_follows_scikit_learn_parameter_conventions(frame):
+    from sklearn.base import clone
+
+    p = OrderPredictor("ranker", n_estimators=7)
+    assert p.get_params()["n_estimators"] == 7 and repr(p) == \
+        "OrderPredictor(kind='ranker', n_estimators=7)"
+    q = clone(p.set_params(num_leaves=4))
+    assert q is not p and q.get_params() == p.get_params()
+    with pytest.raises(TravorderError, match="no parameter 'depth'"):
+        p.set_params(depth=3)
+    with pytest.raises(TravorderError, match="not fitted"):
+        q.predict(design_matrix(frame).X)
+
+
+def test_scores_one_row_given_by_feature_name(frame):
+    data = design_matrix(frame)
+    p = OrderPredictor("regressor", n_estimators=10, min_child_samples=2).fit(data.X, data.times)
+    row = data.X.iloc[3].to_dict()
+    np.testing.assert_array_equal(p.scores(row), p.scores(data.X[3:4]))
+    del row[data.X.columns[0]]
+    with pytest.raises(TravorderError, match="features missing"):
+        p.scores(row)

@@ -92,15 +92,15 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     # Features of the graph as the study that trained the predictor placed it.
     prepared = prepare_graph(g, manifest.get("training", True),
                              manifest.get("coarsen_max_nodes", 0))
-    X = feature_row(graph_features(prepared), c)
-    scores = est.scores(X)[0]  # once: every tree of the model runs here
+    row = feature_row(graph_features(prepared), c)
+    scores = est.scores(row)[0]  # once: every tree of the model runs here
     proba = softmax(scores)
     regret = proba @ est.regret_table_  # as OrderPredictor.expected_regret
     ranked = np.argsort(-scores, kind="stable")
     best, second = int(ranked[0]), int(ranked[1])
     contributions = None
     if explain:
-        contrib = est.explain(X)[0]
+        contrib = est.explain(row)[0]
         top = np.argsort(-np.abs(contrib), kind="stable")
         contributions = {str(est.feature_names_in_[i]): float(contrib[i]) for i in top}
     names = est.classes_.tolist()

@@ -26,7 +26,6 @@ are ``other`` (reductions, ``TopK``, unknown or empty op types).
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import csr_matrix
 
 from travorder.graph import OpGraph
 
@@ -71,13 +70,13 @@ _OP_TYPES = {
 _PRODUCTS = _names("MatMul Einsum BatchMatMul BatchMatMulV2 FusedMatMul")
 
 
-def _within(adj: csr_matrix, start: np.ndarray, hops: int) -> np.ndarray:
-    """Nodes reachable from a ``start`` node in 1..``hops`` steps along ``adj``."""
-    reach = np.zeros(adj.shape[0], dtype=bool)
-    front = start.astype(np.float64)
+def _within(src: np.ndarray, dst: np.ndarray, start: np.ndarray, hops: int) -> np.ndarray:
+    """Nodes reached from a ``start`` node in 1..``hops`` steps along edges ``src -> dst``."""
+    reach = np.zeros(start.size, dtype=bool)
+    front = start
     for _ in range(hops):
-        front = (adj @ front > 0).astype(np.float64)
-        reach |= front > 0
+        front = np.bincount(dst[front[src]], minlength=start.size) > 0
+        reach |= front
     return reach
 
 
@@ -86,12 +85,13 @@ def op_categories(g: OpGraph) -> np.ndarray:
     ops = np.char.lower(g.op_types.astype(str))
     is_op = {cat: np.isin(ops, list(names)) for cat, names in _OP_TYPES.items()}
     n = g.n_nodes
-    fwd = csr_matrix((np.ones(g.n_edges), (g.dst, g.src)), shape=(n, n))  # row v: inputs
     product = np.isin(ops, list(_PRODUCTS))
     attention = (np.char.find(ops, "attention") >= 0) | (
-        (ops == "softmax") & _within(fwd, product, 3) & _within(fwd.T.tocsr(), product, 2)
+        (ops == "softmax") & _within(g.src, g.dst, product, 3)
+        & _within(g.dst, g.src, product, 2)
     )
-    gate = (ops == "mul") & _within(fwd, ops == "sigmoid", 1) & _within(fwd, ops == "tanh", 1)
+    gate = ((ops == "mul") & _within(g.src, g.dst, ops == "sigmoid", 1)
+            & _within(g.src, g.dst, ops == "tanh", 1))
     masks = [attention, is_op["recurrent"] | gate,
              *(is_op[c] for c in OP_CATEGORIES[2:-1]), np.ones(n, dtype=bool)]
     return np.argmax(np.vstack(masks), axis=0).astype(np.int64)

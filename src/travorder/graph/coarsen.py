@@ -67,8 +67,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
 from travorder.errors import GraphError
 from travorder.graph.opgraph import OpGraph, _frozen
@@ -414,14 +412,19 @@ def _group_graph(g: OpGraph, group_of: np.ndarray, max_nodes: int) -> OpGraph:
 
 
 def _group_colocation(coloc: np.ndarray, group_of: np.ndarray, k: int) -> np.ndarray:
-    """Colocation id per group: the smallest id of the class its members' ids are tied in."""
+    """Colocation id per group: the smallest id of the class its members' ids are tied in
+    (groups sharing an id are tied, transitively), -1 for groups without one."""
     has = coloc >= 0
     ids, cidx = np.unique(coloc[has], return_inverse=True)
-    # Bipartite graph groups <-> colocation ids; its components are the classes.
-    m = k + ids.size
-    links = coo_matrix((np.ones(cidx.size), (group_of[has], k + cidx)), shape=(m, m))
-    _, label = connected_components(links, directed=False)
-    class_min = np.full(m, np.iinfo(np.int64).max)
-    np.minimum.at(class_min, label[k:], ids)
-    out = class_min[label[:k]]
-    return np.where(out == np.iinfo(np.int64).max, -1, out)
+    groups = group_of[has]
+    none = np.iinfo(np.int64).max
+    # Propagate the smallest id over the bipartite graph groups <-> ids until it settles.
+    label = ids
+    while True:
+        of_group = np.full(k, none)
+        np.minimum.at(of_group, groups, label[cidx])
+        new = np.full(ids.size, none)
+        np.minimum.at(new, cidx, of_group[groups])
+        if np.array_equal(new, label):
+            return np.where(of_group == none, -1, of_group)
+        label = new

@@ -23,12 +23,14 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 
 from travorder.errors import GraphError
+
+if TYPE_CHECKING:  # networkx is imported where it is used: loading graphs needs none
+    import networkx as nx
 
 #: Graph-level metadata keys every graph carries (others may be added freely).
 META_KEYS = ("name", "family", "source", "batch_size", "dtype")
@@ -228,6 +230,8 @@ class OpGraph:
 
     def to_networkx(self) -> nx.DiGraph:
         """A ``networkx.DiGraph`` with node keys = names and all attributes copied."""
+        import networkx as nx
+
         g = nx.DiGraph(**dict(self.meta))
         for rec in self.node_records():
             g.add_node(rec.pop("name"), **rec)

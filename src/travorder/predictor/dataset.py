@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from travorder.errors import TravorderError
 from travorder.featurize.cluster import CLUSTER_FEATURE_NAMES, cluster_features
 from travorder.placement.clusters import Cluster, load_cluster
+
+if TYPE_CHECKING:  # pandas is imported where frames are built: recommending needs none
+    import pandas as pd
 
 TIME_PREFIX = "time_"
 
@@ -50,6 +53,8 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     Rows that lack a step time for one of ``orders`` (default: every ``time_`` column
     present in all rows) are dropped.
     """
+    import pandas as pd
+
     missing = [c for c in ("family", "cluster") if c not in frame.columns]
     if missing:
         raise TravorderError(f"dataset lacks column {missing[0]!r}; is it a study export?")
@@ -84,11 +89,13 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
 
 def data_hash(frame: pd.DataFrame) -> str:
     """SHA-256 (hex, 16 chars) of a dataset's content, for the model manifest."""
+    import pandas as pd
+
     h = hashlib.sha256(pd.util.hash_pandas_object(frame, index=False).to_numpy().tobytes())
     return h.hexdigest()[:16]
 
 
-def feature_row(graph_feats: dict[str, float], cluster: Cluster) -> pd.DataFrame:
-    """One design-matrix row: graph features ``f_`` and the cluster's ``c_`` columns."""
-    row = {f"f_{k}": v for k, v in graph_feats.items()} | cluster_columns(cluster)
-    return pd.DataFrame([row])
+def feature_row(graph_feats: dict[str, float], cluster: Cluster) -> dict[str, float]:
+    """One design-matrix row by column name: graph features ``f_`` and the cluster's ``c_``
+    columns (`OrderPredictor` takes it as a one-row feature matrix)."""
+    return {f"f_{k}": v for k, v in graph_feats.items()} | cluster_columns(cluster)

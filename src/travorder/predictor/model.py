@@ -18,25 +18,34 @@ the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
 order was ``c``.
 
 Saved as LightGBM text models plus a JSON manifest (``save`` / ``load``); loading never
-unpickles and checks the feature schema and that manifest and models agree.
+unpickles and checks the feature schema and that manifest and models agree. Predicting
+runs the saved trees with `TreeEnsemble` (numpy), so a loaded predictor needs neither
+LightGBM nor scikit-learn nor pandas: `recommend-order` starts in well under a second.
+LightGBM is imported to fit and for SHAP explanations.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import lightgbm as lgb
 import numpy as np
-import pandas as pd
-from sklearn.base import BaseEstimator, ClassifierMixin
-from sklearn.utils.validation import check_is_fitted
 
 from travorder.errors import FormatError, TravorderError
+from travorder.predictor.trees import TreeEnsemble
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+#: A feature matrix: a DataFrame with the feature columns, a 2-D array in
+#: ``feature_names_in_`` order, or one row as a mapping from feature name to value.
+Features = Any
 
 KINDS = ("classifier", "regressor", "ranker")
 MANIFEST = "manifest.json"
@@ -52,7 +61,7 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
-class OrderPredictor(ClassifierMixin, BaseEstimator):
+class OrderPredictor:
     """Recommend a traversal order from graph and cluster features.
 
     >>> import numpy as np, pandas as pd
@@ -74,6 +83,27 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
         self.min_child_samples = min_child_samples
         self.random_state = random_state
 
+    # ------------------------------------------------------------------ parameters
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """The constructor's parameters (scikit-learn convention; ``deep`` is unused)."""
+        names = inspect.signature(type(self).__init__).parameters
+        return {name: getattr(self, name) for name in names if name != "self"}
+
+    def set_params(self, **params: Any) -> OrderPredictor:
+        """Set constructor parameters (scikit-learn convention)."""
+        valid = self.get_params()
+        for name, value in params.items():
+            if name not in valid:
+                raise TravorderError(f"OrderPredictor has no parameter {name!r}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        defaults = inspect.signature(type(self).__init__).parameters
+        changed = [f"{k}={v!r}" for k, v in self.get_params().items()
+                   if v != defaults[k].default]
+        return f"OrderPredictor({', '.join(changed)})"
+
     # ------------------------------------------------------------------ fitting
     def _lgb_params(self) -> dict[str, Any]:
         return {"n_estimators": self.n_estimators, "learning_rate": self.learning_rate,
@@ -81,13 +111,15 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
                 "random_state": self.random_state, "n_jobs": 1, "verbose": -1,
                 "deterministic": True}
 
-    def fit(self, X: pd.DataFrame | np.ndarray, times: pd.DataFrame) -> OrderPredictor:
+    def fit(self, X: Features, times: pd.DataFrame) -> OrderPredictor:
         """Learn from features ``X`` and ``times`` (rows x orders, step times, > 0)."""
+        import lightgbm as lgb
+
         if self.kind not in KINDS:
             raise TravorderError(f"unknown predictor kind {self.kind!r} (expected "
                                  f"{', '.join(KINDS)})")
         Xa = self._check_X(X, fitting=True)
-        if not isinstance(times, pd.DataFrame):
+        if not hasattr(times, "columns"):
             raise TravorderError("times must be a DataFrame with one column per order")
         T = times.to_numpy(dtype=float)
         if T.shape[0] != Xa.shape[0] or T.shape[1] < 2:
@@ -105,25 +137,35 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
             for c in range(k)])
         if self.kind == "classifier":
             self.labels_ = np.unique(best)  # the orders that were ever best
-            if self.labels_.size == 1:
-                self.boosters_: list[lgb.Booster] = []
-            else:
+            boosters = []
+            if self.labels_.size > 1:
                 clf = lgb.LGBMClassifier(**self._lgb_params())
-                clf.fit(Xa, np.searchsorted(self.labels_, best))
-                self.boosters_ = [clf.booster_]
+                boosters = [clf.fit(Xa, np.searchsorted(self.labels_, best)).booster_]
         elif self.kind == "regressor":
-            self.boosters_ = [lgb.LGBMRegressor(**self._lgb_params()).fit(Xa, log_ratio[:, j])
-                              .booster_ for j in range(k)]
+            boosters = [lgb.LGBMRegressor(**self._lgb_params()).fit(Xa, log_ratio[:, j])
+                        .booster_ for j in range(k)]
         else:
             ranks = log_ratio.argsort(axis=1).argsort(axis=1)
             relevance = (k - 1 - ranks).reshape(-1)
             ranker = lgb.LGBMRanker(**self._lgb_params())
             ranker.fit(self._ranker_rows(Xa), relevance, group=np.full(Xa.shape[0], k))
-            self.boosters_ = [ranker.booster_]
+            boosters = [ranker.booster_]
+        self.models_ = [TreeEnsemble(b.model_to_string()) for b in boosters]
         return self
 
-    def _check_X(self, X: Any, fitting: bool = False) -> np.ndarray:
-        if isinstance(X, pd.DataFrame):
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "models_"):
+            raise TravorderError("this OrderPredictor is not fitted yet; call fit first")
+
+    def _check_X(self, X: Features, fitting: bool = False) -> np.ndarray:
+        if isinstance(X, Mapping):  # one row by feature name
+            if fitting:
+                raise TravorderError("fit needs a feature matrix, not a single row")
+            missing = sorted(set(self.feature_names_in_) - set(X))
+            if missing:
+                raise TravorderError(f"features missing: {', '.join(missing[:5])}")
+            X = [[X[name] for name in self.feature_names_in_]]
+        elif hasattr(X, "columns"):  # a DataFrame
             names = np.array([str(c) for c in X.columns])
             if fitting:
                 self.feature_names_in_ = names
@@ -147,55 +189,61 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
         return np.hstack([np.repeat(Xa, k, axis=0), np.tile(np.eye(k), (Xa.shape[0], 1))])
 
     # ------------------------------------------------------------------ predicting
-    def scores(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
-        """Raw per-order scores, higher is better: ``(n_rows, n_orders)``."""
-        check_is_fitted(self, "boosters_")
+    def scores(self, X: Features) -> np.ndarray:
+        """Per-order scores, higher is better: ``(n_rows, n_orders)``; their softmax is
+        `predict_proba` (for the classifier they are log-probabilities up to a constant)."""
+        self._check_fitted()
         Xa = self._check_X(X)
         k = self.classes_.size
         if self.kind == "regressor":
-            pred = np.column_stack([b.predict(Xa) for b in self.boosters_])
+            pred = np.column_stack([m.raw_scores(Xa)[:, 0] for m in self.models_])
             return -pred / _REGRESSOR_TEMPERATURE
         if self.kind == "ranker":
-            return self.boosters_[0].predict(self._ranker_rows(Xa)).reshape(-1, k)
-        proba = np.zeros((Xa.shape[0], k))
-        if not self.boosters_:
-            proba[:, self.labels_[0]] = 1.0
+            return self.models_[0].raw_scores(self._ranker_rows(Xa)).reshape(-1, k)
+        out = np.full((Xa.shape[0], k), -np.inf)
+        if not self.models_:
+            out[:, self.labels_[0]] = 0.0
         else:
-            p = self.boosters_[0].predict(Xa)
-            proba[:, self.labels_] = np.column_stack([1 - p, p]) if p.ndim == 1 else p
-        with np.errstate(divide="ignore"):
-            return np.log(proba)
+            raw = self.models_[0].raw_scores(Xa)
+            # Binary: P(second label) = sigmoid(raw), so the log-odds pair is (0, raw).
+            out[:, self.labels_] = np.column_stack([np.zeros(len(raw)), raw]) \
+                if raw.shape[1] == 1 else raw
+        return out
 
-    def predict_proba(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+    def predict_proba(self, X: Features) -> np.ndarray:
         """Probability of each order (columns as ``classes_``) being the best."""
         return softmax(self.scores(X))
 
-    def predict(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+    def predict(self, X: Features) -> np.ndarray:
         """The recommended order for each row."""
-        return self.classes_[self.scores(X).argmax(axis=1)]
+        best = self.scores(X).argmax(axis=1)
+        return self.classes_[best]
 
-    def expected_regret(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+    def expected_regret(self, X: Features) -> np.ndarray:
         """Expected regret (step time / best - 1) of each order for each row."""
         return self.predict_proba(X) @ self.regret_table_
 
-    def explain(self, X: pd.DataFrame | np.ndarray) -> np.ndarray:
+    def explain(self, X: Features) -> np.ndarray:
         """Per-feature contributions (LightGBM SHAP values) to the recommended order's score:
         ``(n_rows, n_features)``."""
-        check_is_fitted(self, "boosters_")
+        import lightgbm as lgb
+
+        self._check_fitted()
         Xa = self._check_X(X)
         top = self.scores(Xa).argmax(axis=1)
         d = self.n_features_in_
+        boosters = [lgb.Booster(model_str=m.text) for m in self.models_]
         if self.kind == "regressor":
-            contrib = [self.boosters_[j].predict(Xa[i:i + 1], pred_contrib=True)[0, :d]
+            contrib = [boosters[j].predict(Xa[i:i + 1], pred_contrib=True)[0, :d]
                        for i, j in enumerate(top)]
             return -np.array(contrib) / _REGRESSOR_TEMPERATURE
         if self.kind == "ranker":
             rows = self._ranker_rows(Xa).reshape(Xa.shape[0], -1, d + self.classes_.size)
-            return np.array([self.boosters_[0].predict(rows[i, j][None], pred_contrib=True)
-                             [0, :d] for i, j in enumerate(top)])
-        if not self.boosters_:
+            return np.array([boosters[0].predict(rows[i, j][None], pred_contrib=True)[0, :d]
+                             for i, j in enumerate(top)])
+        if not boosters:
             return np.zeros_like(Xa)
-        c = self.boosters_[0].predict(Xa, pred_contrib=True)
+        c = boosters[0].predict(Xa, pred_contrib=True)
         if c.shape[1] == d + 1:  # binary: contributions towards the second label
             sign = np.where(top == self.labels_[1], 1.0, -1.0)
             return c[:, :d] * sign[:, None]
@@ -207,12 +255,14 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
     def save(self, directory: str | os.PathLike[str], **manifest: Any) -> None:
         """Write the LightGBM text models and ``manifest.json`` (``manifest`` adds entries,
         e.g. the feature schema version, training-data hash, evaluation summary)."""
-        check_is_fitted(self, "boosters_")
+        import lightgbm as lgb
+
+        self._check_fitted()
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        files = [f"model_{i}.txt" for i in range(len(self.boosters_))]
-        for f, b in zip(files, self.boosters_, strict=True):
-            b.save_model(out / f)
+        files = [f"model_{i}.txt" for i in range(len(self.models_))]
+        for f, m in zip(files, self.models_, strict=True):
+            (out / f).write_text(m.text)
         checksums = {f: _sha256(out / f) for f in files}
         doc = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind,
@@ -251,22 +301,21 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
             p.n_features_in_ = p.feature_names_in_.size
             p.labels_ = np.array(doc["labels"], dtype=np.int64)
             p.regret_table_ = np.array(doc["regret_table"], dtype=float)
-            files = doc["model_files"]
+            files = dict(doc["model_files"])
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{d / MANIFEST}: predictor manifest is missing {exc}") from None
-        p.boosters_ = []
-        for f, checksum in dict(files).items():
-            # LightGBM aborts the process on some malformed files: check them first.
+        p.models_ = []
+        for f, checksum in files.items():
             try:
-                ok = _sha256(d / f) == checksum
+                data = (d / f).read_bytes()
             except OSError as exc:
                 raise FormatError(f"{d / f}: cannot read model ({exc.strerror})") from None
-            if not ok:
+            if hashlib.sha256(data).hexdigest() != checksum:
                 raise FormatError(f"{d / f}: broken LightGBM model (its checksum differs "
                                   "from the manifest's: truncated or edited)")
             try:
-                p.boosters_.append(lgb.Booster(model_file=str(d / f)))
-            except lgb.basic.LightGBMError as exc:
+                p.models_.append(TreeEnsemble(data.decode()))
+            except (FormatError, UnicodeDecodeError) as exc:
                 raise FormatError(f"{d / f}: broken LightGBM model ({exc})") from None
         p._check_consistent(d)
         return p, doc
@@ -279,16 +328,18 @@ class OrderPredictor(ClassifierMixin, BaseEstimator):
         problems = []
         if self.regret_table_.shape != (k, k):
             problems.append("regret table")
-        if len(self.boosters_) != expected:
-            problems.append(f"{len(self.boosters_)} models for {expected}")
-        for b in self.boosters_:
-            if b.num_feature() != self.n_features_in_ + n_extra:
-                problems.append(f"a model with {b.num_feature()} features for "
+        if len(self.models_) != expected:
+            problems.append(f"{len(self.models_)} models for {expected}")
+        for m in self.models_:
+            if m.num_feature != self.n_features_in_ + n_extra:
+                problems.append(f"a model with {m.num_feature} features for "
                                 f"{self.n_features_in_ + n_extra}")
-            if self.kind == "classifier" and self.labels_.size > 2 \
-                    and b.num_model_per_iteration() != self.labels_.size:
-                problems.append(f"a model with {b.num_model_per_iteration()} classes for "
-                                f"{self.labels_.size}")
+            if self.kind == "classifier":
+                objective = "binary sigmoid:1" if self.labels_.size == 2 \
+                    else f"multiclass num_class:{self.labels_.size}"
+                if m.objective != objective:
+                    problems.append(f"a model with objective {m.objective!r} for "
+                                    f"{objective!r}")
         if problems:
             raise FormatError(f"{d}: manifest does not match its model ({problems[0]})")
 
