@@ -395,6 +395,23 @@ def test_report_draws_rl_learning_curves(tmp_path):
     assert "curves_k80x3.png" in {p.name for p in files}
 
 
+def test_report_includes_the_predictor_evaluation(tmp_path, capsys):
+    from travorder.cli import main
+
+    store = tmp_path / "s.sqlite"
+    run_study(spec(graphs={**SMALL["graphs"], "synthetic": [
+        {"family": fam, "seeds": [0, 1], "params": params}
+        for fam, params in [("chain", {"n_layers": 5}), ("rnn", {"timesteps": 3}),
+                            ("resnet", {"blocks": [1]})]]}), store, progress=False)
+    assert main(["study", "report", "--store", str(store), "--out", str(tmp_path / "r"),
+                 "--evaluate"]) == 0
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "Predictor evaluation (leave-family-out)" in page and "best fixed order" in page
+    for method in ("classifier", "regressor", "ranker", "always-topo", "oracle"):
+        assert f"<td>{method}</td>" in page
+    assert "evaluating the predictor on the greedy rows (6)" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path):
     store = tmp_path / "int.sqlite"

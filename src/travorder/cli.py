@@ -264,7 +264,18 @@ def cmd_study_export(args: argparse.Namespace) -> None:
 def cmd_study_report(args: argparse.Namespace) -> None:
     from travorder.study.report import write_report
 
-    files = write_report(args.store, args.out, study=args.study)
+    evaluations = None
+    if args.evaluate:
+        from travorder.predictor.dataset import design_matrix
+        from travorder.predictor.evaluate import evaluate
+        from travorder.study.export import dataset_frame
+
+        frame = dataset_frame(args.store, study=args.study)
+        evaluations = {}
+        for placer, part in frame.groupby("placer"):
+            print(f"evaluating the predictor on the {placer} rows ({len(part)}) ...")
+            evaluations[placer] = evaluate(design_matrix(part.reset_index(drop=True)))
+    files = write_report(args.store, args.out, study=args.study, evaluations=evaluations)
     print(f"wrote {len(files)} files to {args.out} (open {Path(args.out) / 'index.html'})")
 
 
@@ -493,6 +504,8 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--out", required=True, help=out_help)
         q.add_argument("--study", help="only the latest run of this study (spec name)")
         q.set_defaults(func=func)
+    q.add_argument("--evaluate", action="store_true",
+                   help="include the predictor's leave-family-out evaluation (minutes)")
 
     p = sub.add_parser("zoo", help="the bundled model-graph corpus")
     zsub = p.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")

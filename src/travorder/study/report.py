@@ -13,6 +13,10 @@ For each placer and cluster in the store:
 The recommendations table gives, per placer and family (over its clusters), the order
 with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
 that ratio, its winning share, the runner-up, and the ratio of ``topo`` for comparison.
+
+Given ``evaluations`` (per placer, the predictor's leave-family-out evaluation on this
+study's dataset, which ``travorder study report --evaluate`` computes), the report adds
+its table: the predictor kinds against the fixed-order baselines.
 """
 
 from __future__ import annotations
@@ -190,11 +194,22 @@ def _sentence(r: Any, rel_tol: float) -> str:
             f"{r.mean_ratio:.3f}x the best on average{topo}</li>")
 
 
+def _evaluation_html(placer: str, ev: Any) -> str:
+    table = ev.table.reset_index()
+    for col in ("mean_regret", "p90_regret", "worst_family_excess"):
+        table[col] = [f"{100 * v:.2f}%" for v in table[col]]
+    return (f"<h3>{html.escape(placer)}: best fixed order "
+            f"<code>{html.escape(ev.best_fixed.removeprefix('always-'))}</code></h3>\n"
+            + _table_html(table))
+
+
 def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                 rel_tol: float = REL_TOL, study: str | None = None) -> list[Path]:
+                 rel_tol: float = REL_TOL, study: str | None = None,
+                 evaluations: dict[str, Any] | None = None) -> list[Path]:
     """Write ``index.html`` and the figures for the store at ``store_path`` (or for its
     study named ``study``, see `dataset_frame`) into ``out_dir`` (created if needed);
-    returns the files written."""
+    returns the files written. ``evaluations``: per placer, an evaluation with ``table``
+    and ``best_fixed`` (`travorder.predictor.evaluate.Evaluation`) to include."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -221,6 +236,11 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
     recs = recommendations(data, rel_tol)
     sentences = "\n".join(_sentence(r, rel_tol) for r in recs.itertuples())
     source = html.escape(Path(store_path).name)
+    evaluation = "".join(_evaluation_html(p, ev) for p, ev in (evaluations or {}).items())
+    if evaluation:
+        evaluation = ("<h2>Predictor evaluation (leave-family-out)</h2>\n<p>Each family held "
+                      "out in turn; regret = step time with the recommended order / the best "
+                      "order's - 1 (docs/predictor.md).</p>\n" + evaluation)
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>travorder study report</title>
 <style>body{{font-family:sans-serif;max-width:1200px;margin:auto}} img{{max-width:100%}}
@@ -234,6 +254,7 @@ max({100 * rel_tol:g}%, the seed spread) of it (see docs/study.md).</p>
 {sentences}
 </ul>
 {_table_html(recs)}
+{evaluation}
 {"".join(sections)}
 </body></html>
 """
