@@ -300,10 +300,10 @@ def test_placement_file_errors(tmp_path) -> None:
     with pytest.raises(TravorderError, match="places node 'zz', which graph 'chains' lacks"):
         load_placement(path, CHAINS)
     write(format_version=2)
-    with pytest.raises(FormatError, match="format version 2; this travorder reads version 1"):
+    with pytest.raises(FormatError, match="format version 2 is not supported"):
         load_placement(path)
     write(format="something.else")
-    with pytest.raises(FormatError, match="is not a travorder placement file"):
+    with pytest.raises(FormatError, match="not a travorder placement file"):
         load_placement(path)
     path.write_text("{not json")
     with pytest.raises(FormatError, match="invalid JSON"):

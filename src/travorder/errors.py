@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 class TravorderError(ValueError):
@@ -32,3 +33,14 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
         raise FormatError(f"no such {what} {str(p)!r}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise FormatError(f"cannot read {what} {str(p)!r}: {exc}") from None
+
+
+def check_format(doc: Any, source: str, name: str, version: int, what: str) -> dict[str, Any]:
+    """``doc`` if it is a JSON object ``{"format": name, "format_version": version, ...}``;
+    else a `FormatError` saying that ``source`` is not a ``what`` or has another version."""
+    if not isinstance(doc, dict) or doc.get("format") != name:
+        raise FormatError(f"{source}: not a travorder {what}")
+    if doc.get("format_version") != version:
+        raise FormatError(f"{source}: {what} format version {doc.get('format_version')!r} is "
+                          f"not supported (this travorder reads version {version})")
+    return doc

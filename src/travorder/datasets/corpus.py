@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, check_format
 from travorder.graph.coarsen import coarsen
 from travorder.graph.native import load_native, save_graph
 from travorder.graph.opgraph import OpGraph
@@ -78,11 +78,7 @@ def read_manifest(corpus_dir: CorpusDir = None) -> list[dict[str, Any]]:
         raise FormatError(f"{path.parent}: not a graph corpus (no {MANIFEST_NAME})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: broken corpus manifest ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-        raise FormatError(f"{path}: not a travorder corpus manifest")
-    if doc.get("format_version") != MANIFEST_VERSION:
-        raise FormatError(f"{path}: corpus manifest version {doc.get('format_version')!r} is "
-                          f"not supported (this travorder reads version {MANIFEST_VERSION})")
+    check_format(doc, str(path), MANIFEST_FORMAT, MANIFEST_VERSION, "corpus manifest")
     return list(doc.get("graphs", []))
 
 

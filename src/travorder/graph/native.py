@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from travorder.errors import FormatError
+from travorder.errors import FormatError, check_format
 from travorder.graph.opgraph import OpGraph
 
 FORMAT_NAME = "travorder.opgraph"
@@ -46,14 +46,7 @@ def graph_to_dict(g: OpGraph) -> dict[str, Any]:
 
 def graph_from_dict(doc: Any, source: str = "document") -> OpGraph:
     """Inverse of :func:`graph_to_dict`; checks format name and version."""
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise FormatError(f"{source}: not a travorder graph (no format {FORMAT_NAME!r})")
-    version = doc.get("format_version")
-    if version != FORMAT_VERSION:
-        raise FormatError(
-            f"{source}: graph format version {version!r} is not supported "
-            f"(this travorder reads version {FORMAT_VERSION})"
-        )
+    check_format(doc, source, FORMAT_NAME, FORMAT_VERSION, "graph")
     try:
         nodes, edges = doc["nodes"], doc["edges"]
         names = nodes["name"]

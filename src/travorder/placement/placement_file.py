@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, read_text
+from travorder.errors import FormatError, TravorderError, check_format, read_text
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.placers import PlacementResult
@@ -84,12 +84,7 @@ def _read(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         raise FormatError(f"{str(path)!r} is not a placement file: invalid JSON ({exc})"
                           ) from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise FormatError(f"{str(path)!r} is not a travorder placement file")
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise FormatError(f"{str(path)!r} is a placement file of format version "
-                          f"{doc.get('format_version')!r}; this travorder reads version "
-                          f"{FORMAT_VERSION}")
+    check_format(doc, str(path), FORMAT, FORMAT_VERSION, "placement file")
     for key, kind in (("graph", dict), ("devices", list), ("placement", dict)):
         if not isinstance(doc.get(key), kind):
             raise FormatError(f"placement file {str(path)!r} lacks a valid {key!r} entry")

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, check_format
 from travorder.predictor.trees import TreeEnsemble
 
 if TYPE_CHECKING:
@@ -289,11 +289,7 @@ class OrderPredictor:
             raise FormatError(f"{d}: no predictor here (no {MANIFEST})") from None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise FormatError(f"{d / MANIFEST}: not a travorder predictor manifest")
-        if doc.get("format_version") != FORMAT_VERSION:
-            raise FormatError(f"{d}: predictor format version {doc.get('format_version')!r} "
-                              f"is not supported (this travorder reads {FORMAT_VERSION})")
+        check_format(doc, str(d / MANIFEST), FORMAT, FORMAT_VERSION, "predictor manifest")
         try:
             p = cls(**doc["params"])
             p.classes_ = np.array(doc["classes"])
