@@ -11,7 +11,7 @@ networkx is used only at the edges, through :meth:`OpGraph.to_networkx` and
 ...     [("a", "b")],
 ...     name="tiny",
 ... )
->>> g.n_nodes, g.n_edges, g.names[g.topo_order[0]]
+>>> g.n_nodes, g.n_edges, str(g.names[g.topo_order[0]])
 (2, 1, 'a')
 """
 

@@ -8,7 +8,8 @@ so predicting needs no LightGBM. Fitting and SHAP explanations still use LightGB
 
 >>> import numpy as np, lightgbm as lgb
 >>> X = np.arange(40.0).reshape(20, 2)
->>> booster = lgb.train({"verbose": -1, "min_data_in_leaf": 2}, lgb.Dataset(X, X[:, 0]), 5)
+>>> booster = lgb.train({"verbose": -1, "min_data_in_leaf": 2, "num_threads": 1},
+...                     lgb.Dataset(X, X[:, 0]), 5)
 >>> ens = TreeEnsemble(booster.model_to_string())
 >>> bool(np.allclose(ens.raw_scores(X)[:, 0], booster.predict(X, raw_score=True)))
 True
