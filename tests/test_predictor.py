@@ -78,6 +78,22 @@ def test_learns_the_rule_and_beats_fixed_orders(frame):
     assert t.loc["classifier", "mean_regret"] < t.loc[ev.best_fixed, "mean_regret"]
 
 
+def test_verified_shortlists(frame):
+    data = design_matrix(frame)
+    ev = evaluate(data, kinds=("classifier",), params={"n_estimators": 30,
+                                                       "min_child_samples": 2}, verify=(1, 2))
+    t = ev.table
+    # A shortlist of one is the plain recommendation; topo and bfs together always hold
+    # the best order here, so any shortlist of two that holds both has no regret.
+    for col in ("mean_regret", "top1"):
+        assert t.loc["classifier+verify1", col] == t.loc["classifier", col]
+        assert t.loc["shortlist1", col] == t.loc["most-frequent", col]
+    assert t.loc["shortlist2", "mean_regret"] == 0 and t.loc["shortlist2", "top1"] == 1
+    assert t.loc["classifier+verify2", "mean_regret"] <= t.loc["classifier", "mean_regret"]
+    with pytest.raises(TravorderError, match="1 to 3 orders"):
+        evaluate(data, kinds=(), verify=(4,))
+
+
 def test_ties_count_as_hits(frame):
     tied = frame.assign(ties="topo,bfs")
     ev = evaluate(design_matrix(tied), kinds=(), params={})
@@ -107,6 +123,26 @@ def test_recommendation_is_a_distribution_over_orders(model_dir, onnx_model):
     assert rec.probability >= rec.runner_up_probability
     assert rec.runner_up_regret == pytest.approx(rec.expected_regret[rec.runner_up])
     assert rec.contributions is not None and len(rec.contributions) > 10
+
+
+def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_model):
+    from travorder.graph.onnx_import import read_onnx
+    from travorder.placement.placers import place as place_graph
+
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=3)
+    study_graph = training_graph(read_onnx(onnx_model))  # the fixture's model: no coarsening
+    want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
+    assert rec.verified == pytest.approx(want)
+    assert rec.order == min(want, key=want.get)
+    assert place(onnx_model, "k80x3", predictor=model_dir, verify=3).order == rec.order
+    plain = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
+    assert list(plain.verified) == [recommend_order(onnx_model, predictor=model_dir).order]
+    with pytest.raises(TravorderError, match="between 1 and 3 orders"):
+        recommend_order(onnx_model, predictor=model_dir, verify=4)
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
+    assert code == 0 and "checked by placement with greedy: " in out
+    code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "-1")
+    assert code == 2 and err.count("\n") == 1 and "verify must be between" in err
 
 
 def test_prediction_ignores_node_names_and_numbering(model_dir, onnx_model):

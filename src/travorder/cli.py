@@ -556,7 +556,8 @@ def cmd_recommend(args: argparse.Namespace) -> None:
 
     g = _load(args.model, training=True)  # expanded once, for the features and the placer
     cluster = load_cluster(args.cluster)
-    rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain)
+    rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain,
+                          verify=args.verify, placer=args.placer, seed=args.seed)
     placed = None
     if args.place:
         from travorder.placement.placement_file import placement_doc
@@ -576,6 +577,10 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     print(f"recommended order: {rec.order}  (probability {rec.probability:.2f})")
     print(f"runner-up:         {rec.runner_up}  (probability {rec.runner_up_probability:.2f}, "
           f"expected regret if used: {100 * rec.runner_up_regret:.1f}%)")
+    if rec.verified is not None:
+        checked = ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in
+                            sorted(rec.verified.items(), key=lambda item: item[1]))
+        print(f"checked by placement with {args.placer}: {checked}")
     if rec.contributions is not None:
         print("features that drove it (contribution to the score):")
         for name, value in list(rec.contributions.items())[:args.top]:
@@ -602,9 +607,13 @@ def recommend_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=int, default=8, help="features shown by --explain")
     parser.add_argument("--place", metavar="OUT",
                         help="also place the model with the recommended order; write JSON")
-    parser.add_argument("--placer", default="greedy", help="placer for --place (default: "
-                                                          "greedy; rl for the RL placer)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --place")
+    parser.add_argument("--verify", type=int, default=0, metavar="K",
+                        help="place the model with the K highest-ranked orders in the "
+                             "simulator and recommend the fastest (default 0: no check)")
+    parser.add_argument("--placer", default="greedy",
+                        help="placer for --place and --verify (default: greedy; rl for the "
+                             "RL placer)")
+    parser.add_argument("--seed", type=int, default=0, help="seed for --place and --verify")
     parser.add_argument("--predictor", metavar="DIR",
                         help="predictor directory (default: the active model)")
     return parser

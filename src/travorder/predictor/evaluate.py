@@ -11,6 +11,11 @@ recommends an order for every held-out row. Per method:
 Baselines on the same rows: ``always-<order>`` for each order, ``most-frequent`` (the
 order most often best in the training folds), ``random`` (the expected regret of a
 uniformly random order) and ``oracle`` (0 regret).
+
+With ``verify=(k, ...)``, also the recommendation checked by placement (what
+``recommend-order --verify k`` does): ``<kind>+verify<k>`` places the graph with the
+predictor's ``k`` highest-ranked orders and keeps the fastest; its baseline
+``shortlist<k>`` does the same with the ``k`` orders most often best in the training folds.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from travorder.errors import TravorderError
 from travorder.predictor.dataset import TrainingData
 from travorder.predictor.model import KINDS, OrderPredictor
 
@@ -49,14 +55,19 @@ def _metrics(regret: np.ndarray, hit1: np.ndarray, hit2: np.ndarray) -> dict[str
 
 
 def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
-             params: Mapping[str, Any] | None = None) -> Evaluation:
-    """Leave-family-out evaluation of each predictor kind and the baselines."""
+             params: Mapping[str, Any] | None = None,
+             verify: Iterable[int] = (2, 3)) -> Evaluation:
+    """Leave-family-out evaluation of each predictor kind and the baselines, and of
+    shortlists of ``verify`` orders checked by placement."""
     params = dict(params or {})
+    verify = tuple(verify)
     orders = np.array(data.orders)
     T = data.times.to_numpy()
     regret_all = T / T.min(axis=1, keepdims=True) - 1.0
     in_ties = np.array([[o in t for o in orders] for t in data.ties])
     n, k = T.shape
+    if any(not 1 <= v <= k for v in verify):
+        raise TravorderError(f"a verified shortlist must have 1 to {k} orders, got {verify}")
     rows = np.arange(n)
     per_row: dict[str, np.ndarray] = {}
     hits: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -66,24 +77,31 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
         hit1 = in_ties[rows, chosen]
         hits[name] = (hit1, hit1 | in_ties[rows, second])
 
+    def record_verified(name: str, ranked: np.ndarray) -> None:
+        for v in verify:
+            shortlist = ranked[:, :v]
+            fastest = shortlist[rows, T[rows[:, None], shortlist].argmin(axis=1)]
+            record(f"{name}{v}", fastest, fastest)
+
     for kind in kinds:
-        chosen, second = np.zeros(n, dtype=int), np.zeros(n, dtype=int)
+        ranked = np.zeros((n, k), dtype=int)
         for fam in np.unique(data.family):
             test = data.family == fam
             model = OrderPredictor(kind, **params).fit(data.X[~test], data.times[~test])
-            ranked = np.argsort(-model.scores(data.X[test]), axis=1, kind="stable")
-            chosen[test], second[test] = ranked[:, 0], ranked[:, 1]
-        record(kind, chosen, second)
+            ranked[test] = np.argsort(-model.scores(data.X[test]), axis=1, kind="stable")
+        record(kind, ranked[:, 0], ranked[:, 1])
+        record_verified(f"{kind}+verify", ranked)
 
     for j, o in enumerate(orders):
         record(f"always-{o}", np.full(n, j), np.full(n, j))
-    freq = np.zeros(n, dtype=int)
+    by_frequency = np.zeros((n, k), dtype=int)
     best = T.argmin(axis=1)
     for fam in np.unique(data.family):
         test = data.family == fam
         counts = np.bincount(best[~test], minlength=k) if np.any(~test) else np.ones(k)
-        freq[test] = counts.argmax()
-    record("most-frequent", freq, freq)
+        by_frequency[test] = np.argsort(-counts, kind="stable")
+    record("most-frequent", by_frequency[:, 0], by_frequency[:, 0])
+    record_verified("shortlist", by_frequency)
     per_row["random"] = regret_all.mean(axis=1)
     hits["random"] = (in_ties.mean(axis=1), np.minimum(1.0, 2 * in_ties.mean(axis=1)))
     record("oracle", best, best)

@@ -27,8 +27,6 @@ import heapq
 import math
 
 import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
@@ -67,6 +65,9 @@ def favourite_children(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     scipy's HiGHS; an edge with ``x_e <= 0.5`` is a favourite edge, and where rounding
     leaves a node two of them the first in edge order wins.
     """
+    from scipy.optimize import linprog  # here: scipy.optimize takes 0.7 s to import
+    from scipy.sparse import coo_matrix
+
     n, m = graph.n_nodes, graph.n_edges
     fav = np.full(n, -1, dtype=np.int64)
     if m == 0:
