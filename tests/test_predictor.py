@@ -83,13 +83,20 @@ def test_verified_shortlists(frame):
     ev = evaluate(data, kinds=("classifier",), params={"n_estimators": 30,
                                                        "min_child_samples": 2}, verify=(1, 2))
     t = ev.table
-    # A shortlist of one is the plain recommendation; topo and bfs together always hold
-    # the best order here, so any shortlist of two that holds both has no regret.
+    # topo and bfs together always hold the best order here, so a shortlist of two that
+    # holds both has no regret; the predictor's shortlist holds the training folds' best
+    # fixed order and the classifier's choice, so it is never worse than either.
     for col in ("mean_regret", "top1"):
-        assert t.loc["classifier+verify1", col] == t.loc["classifier", col]
         assert t.loc["shortlist1", col] == t.loc["most-frequent", col]
     assert t.loc["shortlist2", "mean_regret"] == 0 and t.loc["shortlist2", "top1"] == 1
-    assert t.loc["classifier+verify2", "mean_regret"] <= t.loc["classifier", "mean_regret"]
+    assert t.loc["classifier+verify2", "mean_regret"] <= min(
+        t.loc["classifier", "mean_regret"], t.loc[ev.best_fixed, "mean_regret"])
+    assert t.loc["classifier+verify2", "worst_family_excess"] <= 0
+    p = OrderPredictor("classifier", n_estimators=30, min_child_samples=2).fit(data.X,
+                                                                              data.times)
+    short = p.shortlist(data.X, 2)
+    assert (short[:, 0] == p.mean_regret_.argmin()).all()
+    assert np.isin(p.predict(data.X), p.classes_[short]).all()
     with pytest.raises(TravorderError, match="1 to 3 orders"):
         evaluate(data, kinds=(), verify=(4,))
 
@@ -133,16 +140,19 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     study_graph = training_graph(read_onnx(onnx_model))  # the fixture's model: no coarsening
     want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
     assert rec.verified == pytest.approx(want)
-    assert rec.order == min(want, key=want.get)
+    assert want[rec.order] == min(want.values())
+    assert list(rec.verified.values()) == pytest.approx(sorted(want.values()))  # fastest first
+    assert rec.runner_up_regret == pytest.approx(want[rec.runner_up] / want[rec.order] - 1)
     assert place(onnx_model, "k80x3", predictor=model_dir, verify=3).order == rec.order
-    plain = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
-    assert list(plain.verified) == [recommend_order(onnx_model, predictor=model_dir).order]
-    with pytest.raises(TravorderError, match="between 1 and 3 orders"):
+    anchor = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
+    p, _ = OrderPredictor.load(model_dir)  # checks the best fixed order of the training data
+    assert list(anchor.verified) == [p.classes_[p.mean_regret_.argmin()]]
+    with pytest.raises(TravorderError, match="a shortlist holds 1 to 3 orders, got 4"):
         recommend_order(onnx_model, predictor=model_dir, verify=4)
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
     assert code == 0 and "checked by placement with greedy: " in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "-1")
-    assert code == 2 and err.count("\n") == 1 and "verify must be between" in err
+    assert code == 2 and err.count("\n") == 1 and "a shortlist holds 1 to 3" in err
 
 
 def test_prediction_ignores_node_names_and_numbering(model_dir, onnx_model):

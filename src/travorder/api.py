@@ -34,11 +34,12 @@ class Recommendation:
 
     ``probability``: the predictor's probability that ``order`` is the best;
     ``runner_up_regret``: the step-time regret expected if ``runner_up`` were used instead
-    (step time / best - 1); ``expected_regret`` per order; ``contributions``: with
+    (step time / best - 1; measured when both were checked by ``verify``);
+    ``expected_regret`` per order (the predictor's); ``contributions``: with
     ``explain=True``, each feature's contribution to the predictor's top-ranked order,
     largest first;
-    ``verified``: with ``verify=k``, the simulated step time (us) each of the ``k``
-    highest-ranked orders reached (``order`` is then the fastest of them).
+    ``verified``: with ``verify=k``, the simulated step time (us) each order of the
+    predictor's shortlist of ``k`` reached (``order`` is then the fastest of them).
     """
 
     order: str
@@ -91,10 +92,11 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     preset name, a cluster file or a `Cluster`. ``predictor``: a model directory (default:
     the active model, see `travorder.predictor.active`).
 
-    ``verify=k`` checks the predictor's ``k`` highest-ranked orders by placing the graph
-    (as the study prepared it) with ``placer`` and simulating it, and recommends the
-    fastest: worth it when the placer is cheap (``greedy``: well under a second per order
-    on 1000 nodes), costly for ``rl``.
+    ``verify=k`` checks the predictor's shortlist of ``k`` orders (the best fixed order of
+    its training data, then the highest-ranked others; `OrderPredictor.shortlist`) by
+    placing the graph (as the study prepared it) with ``placer`` and simulating it, and
+    recommends the fastest: worth it when the placer is cheap (``greedy``: well under a
+    second per order on 1000 nodes), costly for ``rl``.
     """
     g = as_graph(model, example_inputs)
     c = load_cluster(cluster)
@@ -110,8 +112,12 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     ranked = np.argsort(-scores, kind="stable")
     verified = None
     if verify:
-        ranked, verified = _verify(prepared, c, names, ranked, verify, placer, seed)
+        shortlist = est.shortlist(row, verify)[0]
+        ranked, verified = _verify(prepared, c, names, shortlist, ranked, placer, seed)
     best, second = int(ranked[0]), int(ranked[1])
+    runner_up_regret = float(regret[second])
+    if verified is not None and names[second] in verified:
+        runner_up_regret = verified[names[second]] / verified[names[best]] - 1.0
     contributions = None
     if explain:
         contrib = est.explain(row)[0]
@@ -119,26 +125,24 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
         contributions = {str(est.feature_names_in_[i]): float(contrib[i]) for i in top}
     return Recommendation(
         order=names[best], probability=float(proba[best]), runner_up=names[second],
-        runner_up_probability=float(proba[second]), runner_up_regret=float(regret[second]),
+        runner_up_probability=float(proba[second]), runner_up_regret=runner_up_regret,
         probabilities=dict(zip(names, proba.tolist(), strict=True)),
         expected_regret=dict(zip(names, regret.tolist(), strict=True)),
         graph=g.name, n_nodes=g.n_nodes, cluster=c.name, model=description,
         contributions=contributions, verified=verified)
 
 
-def _verify(graph: OpGraph, cluster: Cluster, names: list[str], ranked: np.ndarray, k: int,
-            placer: str, seed: int) -> tuple[np.ndarray, dict[str, float]]:
-    """Place ``graph`` with the ``k`` highest-ranked orders; return the ranking with the
-    fastest (feasible first) moved to the front, and each checked order's step time."""
+def _verify(graph: OpGraph, cluster: Cluster, names: list[str], shortlist: np.ndarray,
+            ranked: np.ndarray, placer: str, seed: int) -> tuple[np.ndarray, dict[str, float]]:
+    """Place ``graph`` with the ``shortlist`` orders; return the ranking with the checked
+    orders first, fastest (feasible) first, and each checked order's step time."""
     from travorder.placement.placers import place as place_graph
 
-    if not 1 <= k <= len(names):
-        raise TravorderError(f"verify must be between 1 and {len(names)} orders, got {k}")
     results = {int(j): place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
-               for j in ranked[:k]}
-    fastest = min(results, key=lambda j: (not results[j].feasible, results[j].step_time_us))
-    ranked = np.array([fastest, *(j for j in ranked if j != fastest)])
-    return ranked, {names[j]: float(r.step_time_us) for j, r in results.items()}
+               for j in shortlist}
+    checked = sorted(results, key=lambda j: (not results[j].feasible, results[j].step_time_us))
+    ranked = np.array([*checked, *(j for j in ranked if j not in results)])
+    return ranked, {names[j]: float(results[j].step_time_us) for j in checked}
 
 
 def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str = "auto",
@@ -146,7 +150,7 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
           training: bool = True, predictor: str | None = None, verify: int = 0,
           **options: Any) -> PlacementResult:
     """Place ``model`` on ``cluster``; ``order="auto"`` uses the recommended order (checked
-    by placement over the ``verify`` highest-ranked orders, see `recommend_order`).
+    by placement over a shortlist of ``verify`` orders, see `recommend_order`).
 
     The graph is expanded to a training-step graph unless ``training=False``; ``options``
     go to the placer (e.g. ``episodes=`` for ``rl``).

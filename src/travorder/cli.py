@@ -121,7 +121,10 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
     from rich.table import Table
 
     table = Table(title=title)
-    for c in columns:
+    # The first column names the rows: never cut it, let the others wrap instead.
+    table.add_column(columns[0], no_wrap=True,
+                     min_width=max((len(str(r[0])) for r in rows), default=0))
+    for c in columns[1:]:
         table.add_column(c)
     for r in rows:
         table.add_row(*(str(x) for x in r))
@@ -575,11 +578,12 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         return
     print(f"{rec.graph} ({rec.n_nodes} nodes) on {rec.cluster}")
     print(f"recommended order: {rec.order}  (probability {rec.probability:.2f})")
+    how = "regret if used" if rec.verified and rec.runner_up in rec.verified \
+        else "expected regret if used"
     print(f"runner-up:         {rec.runner_up}  (probability {rec.runner_up_probability:.2f}, "
-          f"expected regret if used: {100 * rec.runner_up_regret:.1f}%)")
+          f"{how}: {100 * rec.runner_up_regret:.1f}%)")
     if rec.verified is not None:
-        checked = ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in
-                            sorted(rec.verified.items(), key=lambda item: item[1]))
+        checked = ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in rec.verified.items())
         print(f"checked by placement with {args.placer}: {checked}")
     if rec.contributions is not None:
         print("features that drove it (contribution to the score):")

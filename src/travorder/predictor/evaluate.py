@@ -14,7 +14,8 @@ uniformly random order) and ``oracle`` (0 regret).
 
 With ``verify=(k, ...)``, also the recommendation checked by placement (what
 ``recommend-order --verify k`` does): ``<kind>+verify<k>`` places the graph with the
-predictor's ``k`` highest-ranked orders and keeps the fastest; its baseline
+predictor's shortlist of ``k`` orders (`OrderPredictor.shortlist`: the training folds'
+best fixed order, then the highest-ranked others) and keeps the fastest; its baseline
 ``shortlist<k>`` does the same with the ``k`` orders most often best in the training folds.
 """
 
@@ -77,20 +78,23 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
         hit1 = in_ties[rows, chosen]
         hits[name] = (hit1, hit1 | in_ties[rows, second])
 
-    def record_verified(name: str, ranked: np.ndarray) -> None:
+    def record_verified(name: str, shortlists: np.ndarray) -> None:
         for v in verify:
-            shortlist = ranked[:, :v]
+            shortlist = shortlists[:, :v]
             fastest = shortlist[rows, T[rows[:, None], shortlist].argmin(axis=1)]
             record(f"{name}{v}", fastest, fastest)
 
+    longest = max(verify, default=1)
     for kind in kinds:
         ranked = np.zeros((n, k), dtype=int)
+        shortlists = np.zeros((n, longest), dtype=int)
         for fam in np.unique(data.family):
             test = data.family == fam
             model = OrderPredictor(kind, **params).fit(data.X[~test], data.times[~test])
             ranked[test] = np.argsort(-model.scores(data.X[test]), axis=1, kind="stable")
+            shortlists[test] = model.shortlist(data.X[test], longest)
         record(kind, ranked[:, 0], ranked[:, 1])
-        record_verified(f"{kind}+verify", ranked)
+        record_verified(f"{kind}+verify", shortlists)
 
     for j, o in enumerate(orders):
         record(f"always-{o}", np.full(n, j), np.full(n, j))

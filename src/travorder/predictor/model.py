@@ -15,7 +15,9 @@ Three kinds share the interface, so they can be compared on the same folds:
 and the ranker, a softmax of their scores). ``expected_regret`` turns probabilities into
 the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
 ``regret_table_[c, o]`` is the mean regret of order ``o`` on training rows whose best
-order was ``c``.
+order was ``c``. ``shortlist`` gives the orders worth checking by placement: the best
+fixed order of the training data (lowest ``mean_regret_``) first, then the others by
+score, so that keeping the fastest of them is never worse than that fixed order.
 
 Saved as LightGBM text models plus a JSON manifest (``save`` / ``load``); loading never
 unpickles and checks the feature schema and that manifest and models agree. Predicting
@@ -132,6 +134,7 @@ class OrderPredictor:
         log_ratio = np.log(T / T.min(axis=1, keepdims=True))
         best = log_ratio.argmin(axis=1)
         regret = T / T.min(axis=1, keepdims=True) - 1.0
+        self.mean_regret_ = regret.mean(axis=0)
         self.regret_table_ = np.array([
             regret[best == c].mean(axis=0) if np.any(best == c) else regret.mean(axis=0)
             for c in range(k)])
@@ -223,6 +226,15 @@ class OrderPredictor:
         """Expected regret (step time / best - 1) of each order for each row."""
         return self.predict_proba(X) @ self.regret_table_
 
+    def shortlist(self, X: Features, k: int) -> np.ndarray:
+        """Per row, ``k`` orders to check by placement (indices into ``classes_``): the
+        order with the lowest mean regret on the training rows, then the others by score."""
+        scores = self.scores(X)
+        if not 1 <= k <= self.classes_.size:
+            raise TravorderError(f"a shortlist holds 1 to {self.classes_.size} orders, got {k}")
+        scores[:, self.mean_regret_.argmin()] = np.inf
+        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+
     def explain(self, X: Features) -> np.ndarray:
         """Per-feature contributions (LightGBM SHAP values) to the recommended order's score:
         ``(n_rows, n_features)``."""
@@ -271,7 +283,8 @@ class OrderPredictor:
                                      np.array([f"x{i}" for i in range(self.n_features_in_)]))
             .tolist(),
             "labels": getattr(self, "labels_", np.arange(self.classes_.size)).tolist(),
-            "regret_table": self.regret_table_.tolist(), "model_files": checksums,
+            "regret_table": self.regret_table_.tolist(),
+            "mean_regret": self.mean_regret_.tolist(), "model_files": checksums,
             "library_versions": {"lightgbm": lgb.__version__, "numpy": np.__version__},
             **manifest,
         }
@@ -297,6 +310,7 @@ class OrderPredictor:
             p.n_features_in_ = p.feature_names_in_.size
             p.labels_ = np.array(doc["labels"], dtype=np.int64)
             p.regret_table_ = np.array(doc["regret_table"], dtype=float)
+            p.mean_regret_ = np.array(doc["mean_regret"], dtype=float)
             files = dict(doc["model_files"])
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{d / MANIFEST}: predictor manifest is missing {exc}") from None
@@ -322,7 +336,7 @@ class OrderPredictor:
         expected = {"classifier": 0 if self.labels_.size == 1 else 1, "regressor": k,
                     "ranker": 1}[self.kind]
         problems = []
-        if self.regret_table_.shape != (k, k):
+        if self.regret_table_.shape != (k, k) or self.mean_regret_.shape != (k,):
             problems.append("regret table")
         if len(self.models_) != expected:
             problems.append(f"{len(self.models_)} models for {expected}")
