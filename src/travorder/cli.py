@@ -271,9 +271,10 @@ def cmd_study_report(args: argparse.Namespace) -> None:
     if args.evaluate:
         from travorder.predictor.dataset import design_matrix
         from travorder.predictor.evaluate import evaluate
+        from travorder.predictor.train import deduplicate
         from travorder.study.export import dataset_frame
 
-        frame = dataset_frame(args.store, study=args.study)
+        frame = deduplicate(dataset_frame(args.store, study=args.study))
         evaluations = {}
         for placer, part in frame.groupby("placer"):
             print(f"evaluating the predictor on the {placer} rows ({len(part)}) ...")

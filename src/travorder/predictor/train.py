@@ -44,7 +44,12 @@ def read_sources(sources: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
             frames.append(dataset_frame(p))
         else:
             frames.append(load_dataset(p))
-    frame = pd.concat(frames, ignore_index=True)
+    return deduplicate(pd.concat(frames, ignore_index=True))
+
+
+def deduplicate(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per graph content, cluster and placer configuration (the last one wins):
+    two graphs with one structure under two names count once."""
     key = [k for k in _KEY if k in frame.columns]
     return frame.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
 
