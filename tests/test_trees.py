@@ -66,6 +66,7 @@ def test_tree_without_split_and_header_fields():
     (lambda t: t.replace("max_feature_idx=", "max_feature=", 1), "header lacks"),
     (lambda t: t.replace("leaf_value=", "leaf_value=1 ", 1), "values of leaf_value"),
     (lambda t: t.replace("num_cat=0", "num_cat=1", 1), "categorical"),
+    (lambda t: t.replace("\nnum_leaves=", "\nnum_leaves=0\nx=", 1), "a tree without leaves"),
 ])
 def test_broken_text_is_a_format_error(edit, message):
     booster, _ = _fit("regression", 0, 0.0)

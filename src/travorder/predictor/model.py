@@ -164,18 +164,14 @@ class OrderPredictor:
         if isinstance(X, Mapping):  # one row by feature name
             if fitting:
                 raise TravorderError("fit needs a feature matrix, not a single row")
-            missing = sorted(set(self.feature_names_in_) - set(X))
-            if missing:
-                raise TravorderError(f"features missing: {', '.join(missing[:5])}")
+            self._require_features(X)
             X = [[X[name] for name in self.feature_names_in_]]
         elif hasattr(X, "columns"):  # a DataFrame
             names = np.array([str(c) for c in X.columns])
             if fitting:
                 self.feature_names_in_ = names
             elif hasattr(self, "feature_names_in_"):
-                missing = sorted(set(self.feature_names_in_) - set(names))
-                if missing:
-                    raise TravorderError(f"features missing: {', '.join(missing[:5])}")
+                self._require_features(names)
                 X = X[list(self.feature_names_in_)]
         Xa = np.asarray(X, dtype=float)
         if Xa.ndim != 2:
@@ -186,6 +182,11 @@ class OrderPredictor:
             raise TravorderError(f"X has {Xa.shape[1]} features, the predictor was trained "
                                  f"on {self.n_features_in_}")
         return Xa
+
+    def _require_features(self, names: Any) -> None:
+        missing = sorted(set(self.feature_names_in_) - set(names))
+        if missing:
+            raise TravorderError(f"features missing: {', '.join(missing[:5])}")
 
     def _ranker_rows(self, Xa: np.ndarray) -> np.ndarray:
         k = self.classes_.size
@@ -229,9 +230,10 @@ class OrderPredictor:
     def shortlist(self, X: Features, k: int) -> np.ndarray:
         """Per row, ``k`` orders to check by placement (indices into ``classes_``): the
         order with the lowest mean regret on the training rows, then the others by score."""
-        scores = self.scores(X)
+        self._check_fitted()
         if not 1 <= k <= self.classes_.size:
             raise TravorderError(f"a shortlist holds 1 to {self.classes_.size} orders, got {k}")
+        scores = self.scores(X)
         scores[:, self.mean_regret_.argmin()] = np.inf
         return np.argsort(-scores, axis=1, kind="stable")[:, :k]
 

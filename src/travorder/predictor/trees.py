@@ -63,6 +63,8 @@ class TreeEnsemble:
                               "supported")
         try:
             n_leaves = np.array(fields["num_leaves"], dtype=np.int64)
+            if np.any(n_leaves < 1):
+                raise ValueError("a tree without leaves")
             self._leaf_value = _values(fields, "leaf_value", np.float64, n_leaves.sum())
             n_split = n_leaves - 1
             self._feature = _values(fields, "split_feature", np.int64, n_split.sum())
@@ -81,8 +83,7 @@ class TreeEnsemble:
         self._roots = np.where(n_split > 0, node_start, ~leaf_start)
         self._default_left = (decision_type & _DEFAULT_LEFT) > 0
         self._missing = (decision_type >> 2) & 3
-        if (n_leaves.size % max(self.num_class, 1) or np.any(n_leaves < 1)
-                or np.any(self._feature >= self.num_feature)):
+        if n_leaves.size % max(self.num_class, 1) or np.any(self._feature >= self.num_feature):
             raise FormatError("LightGBM model is inconsistent (trees, classes or features)")
 
     @property
