@@ -613,8 +613,9 @@ def recommend_parser() -> argparse.ArgumentParser:
     parser.add_argument("--place", metavar="OUT",
                         help="also place the model with the recommended order; write JSON")
     parser.add_argument("--verify", type=int, default=0, metavar="K",
-                        help="place the model with the K highest-ranked orders in the "
-                             "simulator and recommend the fastest (default 0: no check)")
+                        help="place the model in the simulator with a shortlist of K "
+                             "orders (the best fixed order, then the highest-ranked) and "
+                             "recommend the fastest (default 0: no check)")
     parser.add_argument("--placer", default="greedy",
                         help="placer for --place and --verify (default: greedy; rl for the "
                              "RL placer)")
