@@ -18,14 +18,13 @@ import pytest
 
 from travorder.datasets.synthetic import chain, rnn
 from travorder.errors import FormatError, TravorderError
-from travorder.graph import OpGraph
+from travorder.graph import OpGraph, prepare_graph
 from travorder.placement import PLACERS, load_cluster
 from travorder.placement.placers.heuristics import greedy
 from travorder.study import ResultStore, StudySpec, load_spec, run_study
 from travorder.study.export import dataset_frame, export_dataset, load_dataset
 from travorder.study.jobs import make_job, run_job
 from travorder.study.report import recommendations, write_report
-from travorder.study.spec import prepare_graph
 from travorder.study.store import OUTCOME_COLUMNS, decode_placement
 
 SMALL = {
@@ -304,39 +303,55 @@ def _hand_store(path: Path) -> None:
     g = OpGraph(["a", "b"], [0], [1], flops=[1e9, 1e9], meta={
         "name": "g", "family": "fam", "source": "hand"})
     c = load_cluster("k80x3")
-    times = {"topo": [(100, 1), (110, 1), (90, 1)],   # median 100, spread 0.2
+    times = {"topo": [(100, 1), (110, 1), (90, 1)],   # mean 100, se 10 / sqrt(3)
              "bfs": [(95, 1)],                          # the best
-             "alpha": [(300, 1), (310, 1)],             # median 305, far off
+             "lexico_topo": [(95, 1)],                  # bfs's sequence: a construction tie
+             "alpha": [(300, 1), (310, 1)],             # mean 305, far off
              "dfs_preorder": [(80, 0), (80, 1)],        # fastest, but one seed infeasible
              "dfs_postorder": [(95.5, 1)]}              # within 1% of 95
+    placements = {"topo": [0, 1], "bfs": [1, 0], "lexico_topo": [1, 0], "alpha": [0, 2],
+                  "dfs_preorder": [2, 0], "dfs_postorder": [1, 2]}
     with ResultStore(path) as store:
-        store.add_graph(g, g, True, 0, {"x": 1.5, "y": -2.0}, 7)
+        store.add_graph(g, "batch=export", g, True, 0, {"x": 1.5, "y": -2.0}, 7)
+        store.add_pair(g.graph_hash, c, {"memory_pressure": 0.25})
         store.add_study("hand", {}, "h", [], [c])
         for order, runs in times.items():
             for seed, (t, ok) in enumerate(runs):
                 job = make_job(g, c, order, "greedy", {}, seed, True, 0)
                 store.record(job, {"status": "done", "step_time_us": float(t),
-                                   "feasible": bool(ok), "placement": [0, 1]})
+                                   "feasible": bool(ok), "placement": placements[order],
+                                   "order_hash": "same" if order in ("bfs", "lexico_topo")
+                                   else order, "single_device_us": 190.0,
+                                   "single_device_feasible": True,
+                                   "study_hash": g.graph_hash})
         failed = make_job(g, c, "reversed_topo", "greedy", {}, 0, True, 0)
         store.record(failed, {"status": "failed", "error": "boom"})
 
 
-def test_export_medians_spreads_and_ties(tmp_path):
+def test_export_means_errors_and_ties(tmp_path):
     _hand_store(tmp_path / "h.sqlite")
     data = dataset_frame(tmp_path / "h.sqlite")
     assert len(data) == 1
     row = data.iloc[0]
-    assert row["time_topo"] == 100 and row["spread_topo"] == pytest.approx(0.2)
-    assert row["seeds_topo"] == 3 and row["seeds_bfs"] == 1
-    assert row["time_alpha"] == 305 and row["spread_alpha"] == pytest.approx(10 / 305)
+    assert row["time_topo"] == 100 and row["se_topo"] == pytest.approx(10 / math.sqrt(3))
+    assert row["seeds_topo"] == 3 and row["seeds_bfs"] == 1 and row["se_bfs"] == 0
+    assert row["time_alpha"] == 305 and row["se_alpha"] == pytest.approx(5)
     assert row["feasible_dfs_preorder"] == 0.5
     assert "time_reversed_topo" not in data.columns  # failed jobs do not count
     assert row["best_order"] == "bfs" and row["best_time_us"] == 95
-    # topo: 100 <= 95 * (1 + 0.2), its spread; dfs_postorder: 95.5 <= 95 * 1.01 = 95.95
-    assert row["ties"] == "bfs,dfs_postorder,topo" and row["n_ties"] == 3
+    # lexico_topo: bfs's sequence; dfs_postorder: 95.5 <= 95 * 1.01 = 95.95;
+    # topo: 100 - 95 = 5 <= 2 * hypot(5.77, 0) = 11.5
+    assert row["ties"] == "bfs,lexico_topo,dfs_postorder,topo" and row["n_ties"] == 4
+    assert row["construction_ties"] == "lexico_topo=bfs"
+    assert row["second_order"] == "dfs_postorder" and row["second_tied"]
+    assert row["gap_second"] == pytest.approx(0.5 / 95)
+    assert row["worst_order"] == "alpha" and row["gap_worst"] == pytest.approx(305 / 95 - 1)
+    assert row["speedup"] == pytest.approx(2.0) and row["single_device_feasible"]
     assert (row["f_x"], row["f_y"], row["feature_schema"]) == (1.5, -2.0, 7)
+    assert row["s_memory_pressure"] == 0.25 and row["scenario"] == "batch=export"
     assert row["c_n_devices"] == 3 and row["family"] == "fam" and row["n_nodes"] == 2
-    assert dataset_frame(tmp_path / "h.sqlite", rel_tol=0.0).iloc[0]["ties"] == "bfs,topo"
+    strict = dataset_frame(tmp_path / "h.sqlite", rel_tol=0.0).iloc[0]
+    assert strict["ties"] == "bfs,lexico_topo,topo"
 
 
 @pytest.mark.parametrize("name", ["d.parquet", "d.csv", "d.csv.gz"])
@@ -345,8 +360,8 @@ def test_export_round_trip(tmp_path, name):
     written = export_dataset(tmp_path / "h.sqlite", tmp_path / name)
     back = load_dataset(tmp_path / name)
     assert list(back.columns) == list(written.columns)
-    assert back.iloc[0]["ties"] == "bfs,dfs_postorder,topo"
-    assert math.isclose(back.iloc[0]["spread_topo"], 0.2)
+    assert back.iloc[0]["ties"] == "bfs,lexico_topo,dfs_postorder,topo"
+    assert math.isclose(back.iloc[0]["se_alpha"], 5.0)
 
 
 def test_export_errors(tmp_path):
@@ -385,7 +400,7 @@ def test_report_draws_rl_learning_curves(tmp_path):
     g = OpGraph(["a", "b"], [0], [1], meta={"name": "g", "family": "f", "source": "s"})
     c = load_cluster("k80x3")
     with ResultStore(store) as st:
-        st.add_graph(g, g, True, 0, {"x": 1.0}, 1)
+        st.add_graph(g, "batch=export", g, True, 0, {"x": 1.0}, 1)
         st.add_study("rl", {}, "r", [], [c])
         for order in ("topo", "bfs"):
             st.record(make_job(g, c, order, "rl", {"episodes": 3}, 0), {

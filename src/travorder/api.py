@@ -153,7 +153,9 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
     by placement over a shortlist of ``verify`` orders, see `recommend_order`).
 
     The graph is expanded to a training-step graph unless ``training=False``; ``options``
-    go to the placer (e.g. ``episodes=`` for ``rl``).
+    go to the placer (e.g. ``episodes=`` for ``rl``). A placement slower than putting
+    everything on one device (or over memory where one device fits) is never returned:
+    the single-device placement comes back instead, with ``result.fallback`` set.
     """
     from travorder.placement.placers import place as place_graph
 
@@ -163,4 +165,4 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
         order = recommend_order(g, c, predictor=predictor, verify=verify, placer=placer,
                                 seed=seed).order
     return place_graph(training_graph(g) if training else g, c, placer=placer, order=order,
-                       seed=seed, **options)
+                       seed=seed, floor=True, **options)

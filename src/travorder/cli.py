@@ -185,6 +185,20 @@ def _print_sim(title: str, step_us: float, lb_us: float, eff: float, feasible: b
     _table(title, ["", ""], rows)
 
 
+def _floor_row(r: Any) -> tuple[str, str]:
+    if not r.single_device_feasible:
+        return ("vs one device", "one device does not fit")
+    return ("vs one device", f"{r.speedup:.2f}x faster" if r.speedup >= 1
+            else f"{1 / r.speedup:.2f}x slower")
+
+
+def _print_fallback(r: Any) -> None:
+    if r.fallback:
+        print(f"note: {r.placer}'s placement ({r.placer_step_time_us / 1e3:.3f} ms) was "
+              f"slower than one device or did not fit; using the single-device placement "
+              f"({r.step_time_us / 1e3:.3f} ms)")
+
+
 def cmd_place(args: argparse.Namespace) -> None:
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
@@ -192,7 +206,7 @@ def cmd_place(args: argparse.Namespace) -> None:
 
     g = _load(args.model, training=not args.forward_only)
     cluster = load_cluster(args.cluster)
-    r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed)
+    r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed, floor=True)
     doc = placement_doc(r, g, cluster)
     if args.out:
         _write_json(args.out, doc)
@@ -201,7 +215,8 @@ def cmd_place(args: argparse.Namespace) -> None:
     else:
         _print_sim(f"{args.placer} placement of {g.name} on {cluster.name}, order {args.order}",
                    r.step_time_us, r.lower_bound_us, r.efficiency, r.feasible, r.peak_memory,
-                   cluster, [("placer wall time", f"{r.wall_s:.3f} s")])
+                   cluster, [("placer wall time", f"{r.wall_s:.3f} s"), _floor_row(r)])
+        _print_fallback(r)
         if args.out:
             print(f"wrote {args.out}")
 
@@ -567,14 +582,17 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         from travorder.placement.placement_file import placement_doc
         from travorder.placement.placers import place
 
-        placed = place(g, cluster, placer=args.placer, order=rec.order, seed=args.seed)
+        placed = place(g, cluster, placer=args.placer, order=rec.order, seed=args.seed,
+                       floor=True)
         _write_json(args.place, placement_doc(placed, g, cluster))
     if args.json:
         doc = rec.to_dict()
         if placed is not None:
             doc["placement"] = {"file": args.place, "placer": args.placer,
                                 "step_time_us": placed.step_time_us,
-                                "efficiency": placed.efficiency, "feasible": placed.feasible}
+                                "efficiency": placed.efficiency, "feasible": placed.feasible,
+                                "single_device_us": placed.single_device_us,
+                                "fallback": placed.fallback}
         _print_json(doc)
         return
     print(f"{rec.graph} ({rec.n_nodes} nodes) on {rec.cluster}")
@@ -593,7 +611,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     if placed is not None:
         print(f"placed with {args.placer}: step time {placed.step_time_us / 1e3:.3f} ms, "
               f"efficiency {placed.efficiency:.3f}, "
-              f"{'feasible' if placed.feasible else 'OVER MEMORY'}; wrote {args.place}")
+              f"{'feasible' if placed.feasible else 'OVER MEMORY'}; "
+              f"{_floor_row(placed)[1]}; wrote {args.place}")
+        _print_fallback(placed)
     print(f"model: {rec.model}")
 
 

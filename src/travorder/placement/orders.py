@@ -28,6 +28,7 @@ import numpy as np
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import kahn_order
+from travorder.graph.pipeline import expand_order, micro_batch_graph, micro_batches
 
 OrderFn = Callable[[OpGraph, int], np.ndarray]
 
@@ -200,5 +201,12 @@ def get_order(name: str) -> OrderFn:
 
 
 def traversal_order(g: OpGraph, name: str, seed: int = 0) -> np.ndarray:
-    """The permutation of `g`'s node indices that order `name` visits (see `ORDERS`)."""
-    return get_order(name)(g, seed)
+    """The permutation of `g`'s node indices that order `name` visits (see `ORDERS`).
+
+    On a pipelined graph (`travorder.graph.pipeline`) the order is that of micro-batch 0's
+    graph, each node followed by its copies in micro-batch order.
+    """
+    m = micro_batches(g)
+    if m == 1:
+        return get_order(name)(g, seed)
+    return expand_order(get_order(name)(micro_batch_graph(g), seed), g.n_nodes // m, m)

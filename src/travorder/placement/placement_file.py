@@ -8,7 +8,13 @@
      "devices": ["k80:0", "k80:1", "k80:2"],
      "placement": {"conv1": 0, "relu1": 0, ...},
      "step_time_us": ..., "lower_bound_us": ..., "efficiency": ..., "feasible": true,
-     "peak_memory": [...], "placer": "greedy", "order": "topo", "seed": 0, "wall_s": ...}
+     "peak_memory": [...], "placer": "greedy", "order": "topo", "seed": 0, "wall_s": ...,
+     "single_device_us": ..., "single_device_feasible": true, "speedup": ...,
+     "fallback": false, "placer_step_time_us": ...}
+
+``fallback`` is true when the placer's own placement was slower than one device (or did
+not fit where one device does) and the file holds the single-device placement instead;
+``placer_step_time_us`` is then what the placer reached.
 
 ``placement`` maps every node name to a device index into ``devices``, in the graph's
 node order. Unlimited memory and infinite bandwidth in the cluster are written as
@@ -67,6 +73,11 @@ def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster
         "order": result.order,
         "seed": result.seed,
         "wall_s": result.wall_s,
+        "single_device_us": result.single_device_us,
+        "single_device_feasible": result.single_device_feasible,
+        "speedup": result.speedup,
+        "fallback": result.fallback,
+        "placer_step_time_us": result.placer_step_time_us,
     }
 
 

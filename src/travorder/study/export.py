@@ -1,26 +1,37 @@
-"""The study's dataset: one row per (graph, cluster, placer configuration).
+"""The study's dataset: one row per (graph, scenario, cluster, placer configuration).
 
 Columns (see docs/study.md):
 
 - the graph: ``graph``, ``graph_hash`` (as selected), ``family``, ``source``,
-  ``source_nodes`` (before preparation), ``n_nodes`` / ``n_edges`` (the prepared graph
-  the placer saw), ``training``, ``coarsen_max_nodes``; its features ``f_<name>`` (of the
-  prepared graph) and ``feature_schema``;
-- the cluster: ``cluster`` and its features ``c_<name>``; the placer: ``placer``,
-  ``placer_options`` (JSON), ``config_hash``;
-- per order ``o`` that ran: ``time_<o>`` the median step time (us) over its seeds,
-  ``spread_<o>`` = (max - min) / median over the seeds (0 for one seed), ``seeds_<o>``
-  the number of seeds, ``feasible_<o>`` the share of seeds whose placement fits memory;
-- ``best_order``, ``best_time_us``, ``ties`` (comma-separated, fastest first) and
-  ``n_ties``.
+  ``source_nodes`` (before preparation), ``scenario``, ``n_nodes`` / ``n_edges`` (the
+  prepared graph the placer saw), ``training``, ``coarsen_max_nodes``; its features
+  ``f_<name>`` (of the prepared graph) and ``feature_schema``;
+- the cluster: ``cluster`` (as the scenario set it) and its features ``c_<name>``; the
+  scenario features ``s_<name>`` (`travorder.featurize.scenario`); the placer:
+  ``placer``, ``placer_options`` (JSON), ``config_hash``;
+- the single-device floor: ``single_device_us``, ``single_device_feasible``;
+- per order ``o`` that ran: ``time_<o>`` the mean step time (us) over its seeds,
+  ``se_<o>`` its standard error (0 for one seed), ``seeds_<o>`` the number of seeds,
+  ``feasible_<o>`` the share of seeds whose placement fits memory;
+- ``best_order``, ``best_time_us``, ``ties`` (comma-separated, fastest first),
+  ``n_ties``, ``speedup`` (single-device time / best time; NaN when one device does not
+  fit), ``construction_ties``, and the size of the order effect: ``worst_order`` and
+  ``gap_worst`` (worst / best - 1), ``second_order`` (the fastest order that is not a
+  construction tie of the best), ``gap_second`` and ``second_tied``.
 
-Only finished jobs count. The best order is the one with the lowest median among the
-orders whose every seed is feasible (among all orders if none is). An order is *tied*
-with the best when its median is within the noise of the best's:
-``time_o <= best * (1 + max(rel_tol, spread_best, spread_o))`` with ``rel_tol`` = 1% by
-default, i.e. the gap is no larger than the seed-to-seed spread of either order, or 1%.
-The best order is always in ``ties``; an evaluation may count a recommendation in
-``ties`` as correct.
+Only finished jobs count. The best order has the lowest mean among the orders whose every
+seed is feasible (among all orders if none is). An order ``o`` is *tied* with the best
+``b`` when the gap between their means is within the noise of either::
+
+    time_o - time_b <= max(rel_tol * time_b, Z * sqrt(se_o**2 + se_b**2))
+
+with ``rel_tol`` = 1% (the gap that counts for deterministic runs) and ``Z`` = 2 (about a
+95% two-sided test for the difference of two means). Orders that visited the identical
+node sequence, or reached the identical placement, on every seed are *construction
+ties*: ``construction_ties`` lists such groups (``a=b;c=d``), they are tied with each
+other by construction, and ``second_order`` skips them, so that the order effect is
+measured between orders that really differ. The best order is always in ``ties``; the
+predictor learns the set ``ties`` and regret is measured with the means.
 """
 
 from __future__ import annotations
@@ -40,11 +51,14 @@ from travorder.study.store import ResultStore
 #: The relative gap under which an order counts as tied with the best (1%).
 REL_TOL = 0.01
 
+#: Standard errors of the difference of two means within which two orders are tied.
+Z = 2.0
+
 #: The datasets of the bundled study, in ``travorder/study/data``.
 BUNDLED_DATASETS = {"greedy": "greedy.parquet", "rl": "rl.parquet"}
 
-_GROUP = ["graph_hash", "graph_name", "cluster", "cluster_hash", "placer", "config_hash",
-          "placer_options", "training", "coarsen_max_nodes"]
+_GROUP = ["graph_hash", "graph_name", "scenario", "cluster", "cluster_hash", "placer",
+          "config_hash", "placer_options", "training", "coarsen_max_nodes"]
 
 
 def study_filter(store: ResultStore, study: str | None) -> tuple[str, tuple[str, ...]]:
@@ -66,21 +80,89 @@ def _jobs_frame(store: ResultStore, study: str | None) -> Any:
 
     where, params = study_filter(store, study)
     return pd.read_sql_query(
-        f"SELECT {', '.join(_GROUP)}, order_name, seed, step_time_us, feasible "
+        f"SELECT {', '.join(_GROUP)}, order_name, seed, step_time_us, feasible, placement, "
+        f"order_hash, single_device_us, single_device_feasible, study_hash "
         f"FROM jobs WHERE status = 'done'{where}", store.connection, params=params)
 
 
-def _ties(times: dict[str, float], spreads: dict[str, float], feasible: dict[str, float],
-          rel_tol: float) -> list[str]:
-    """The orders tied with the best, fastest first (see the module docstring)."""
-    ran = [o for o, t in times.items() if not np.isnan(t)]
+def tied_with(time_o: float, se_o: float, time_b: float, se_b: float,
+              rel_tol: float = REL_TOL) -> bool:
+    """Whether order ``o`` is tied with the best order ``b`` (see the module docstring).
+
+    >>> tied_with(100.5, 0.0, 100.0, 0.0), tied_with(103.0, 0.0, 100.0, 0.0)
+    (True, False)
+    >>> tied_with(110.0, 4.0, 100.0, 3.0)  # 10 < 2 * 5
+    True
+    """
+    return time_o - time_b <= max(rel_tol * time_b, Z * float(np.hypot(se_o, se_b)))
+
+
+def _construction_groups(per_order: dict[str, Any]) -> list[list[str]]:
+    """Groups of orders with identical sequences or placements on every seed."""
+    keys = {}
+    for o, g in per_order.items():
+        by_seed = g.sort_values("seed")
+        keys[o] = (tuple(by_seed["seed"]), tuple(by_seed["order_hash"]),
+                   tuple(by_seed["placement"]))
+    parent = {o: o for o in keys}
+
+    def root(o: str) -> str:
+        while parent[o] != o:
+            o = parent[o]
+        return o
+
+    names = list(keys)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ka, kb = keys[a], keys[b]
+            if ka[0] == kb[0] and (ka[1] == kb[1] or ka[2] == kb[2]):
+                parent[root(b)] = root(a)
+    groups: dict[str, list[str]] = {}
+    for o in names:
+        groups.setdefault(root(o), []).append(o)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def _row(key: tuple[Any, ...], jobs: Any, orders: list[str], rel_tol: float
+         ) -> dict[str, Any]:
+    rec: dict[str, Any] = dict(zip(_GROUP, key, strict=True))
+    per_order = dict(tuple(jobs.groupby("order_name", sort=False)))
+    times, ses, feasible = {}, {}, {}
+    for o in orders:
+        g = per_order.get(o)
+        n = 0 if g is None else len(g)
+        times[o] = float(g["step_time_us"].mean()) if n else np.nan
+        ses[o] = float(g["step_time_us"].std(ddof=1) / np.sqrt(n)) if n > 1 else 0.0
+        feasible[o] = float(g["feasible"].mean()) if n else np.nan
+        rec.update({f"time_{o}": times[o], f"se_{o}": ses[o], f"seeds_{o}": n,
+                    f"feasible_{o}": feasible[o]})
+    ran = [o for o in orders if not np.isnan(times[o])]
     pool = [o for o in ran if feasible[o] == 1.0] or ran
-    if not pool:
-        return []
     pool.sort(key=lambda o: (times[o], o))
     best = pool[0]
-    return [o for o in pool
-            if times[o] <= times[best] * (1 + max(rel_tol, spreads[best], spreads[o]))]
+    groups = _construction_groups({o: per_order[o] for o in ran})
+    same = next((set(g) for g in groups if best in g), {best})
+    ties = [o for o in pool if o in same
+            or tied_with(times[o], ses[o], times[best], ses[best], rel_tol)]
+    others = [o for o in pool if o not in same]
+    worst = max(ran, key=lambda o: (times[o], o))
+    first = jobs.iloc[0]
+    single_ok = bool(first["single_device_feasible"])
+    rec.update({
+        "study_hash": first["study_hash"],
+        "single_device_us": float(first["single_device_us"]),
+        "single_device_feasible": single_ok,
+        "best_order": best, "best_time_us": times[best],
+        "ties": ",".join(ties), "n_ties": len(ties),
+        "speedup": float(first["single_device_us"]) / times[best] if single_ok else np.nan,
+        "construction_ties": ";".join("=".join(g) for g in groups),
+        "worst_order": worst, "gap_worst": times[worst] / times[best] - 1,
+        "second_order": others[0] if others else None,
+        "gap_second": times[others[0]] / times[best] - 1 if others else np.nan,
+        "second_tied": (tied_with(times[others[0]], ses[others[0]], times[best],
+                                  ses[best], rel_tol) if others else True),
+    })
+    return rec
 
 
 def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
@@ -92,6 +174,7 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
 
     from travorder.featurize import FEATURE_NAMES
     from travorder.featurize.cluster import CLUSTER_FEATURE_NAMES, cluster_features
+    from travorder.featurize.scenario import SCENARIO_FEATURE_NAMES
 
     if not (rel_tol >= 0):
         raise TravorderError(f"rel_tol must be non-negative, got {rel_tol!r}")
@@ -100,43 +183,22 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
         graphs = pd.read_sql_query("SELECT * FROM graphs", store.connection)
         clusters = dict(store.connection.execute(
             "SELECT cluster_hash, definition FROM clusters").fetchall())
+        pairs = pd.read_sql_query("SELECT * FROM pairs", store.connection)
     if jobs.empty:
         raise TravorderError(f"{store_path}: no finished job to export")
-    per = (jobs.groupby([*_GROUP, "order_name"], sort=False)
-           .agg(median=("step_time_us", "median"), lo=("step_time_us", "min"),
-                hi=("step_time_us", "max"), seeds=("seed", "count"),
-                feasible=("feasible", "mean"))
-           .reset_index())
-    per["spread"] = (per["hi"] - per["lo"]) / per["median"]
-    orders = [o for o in ORDERS if o in set(per["order_name"])]
-    orders += sorted(set(per["order_name"]) - set(orders))
-    wide = per.pivot(index=_GROUP, columns="order_name",
-                     values=["median", "spread", "seeds", "feasible"])
-    rows = []
-    for key, row in wide.iterrows():
-        rec: dict[str, Any] = dict(zip(_GROUP, key, strict=True))
-        times = {o: float(row[("median", o)]) for o in orders}
-        spreads = {o: float(row[("spread", o)]) for o in orders}
-        feasible = {o: float(row[("feasible", o)]) for o in orders}
-        for o in orders:
-            rec[f"time_{o}"] = times[o]
-            rec[f"spread_{o}"] = spreads[o]
-            seeds = row[("seeds", o)]
-            rec[f"seeds_{o}"] = 0 if np.isnan(seeds) else int(seeds)
-            rec[f"feasible_{o}"] = feasible[o]
-        ties = _ties(times, spreads, feasible, rel_tol)
-        rec["best_order"] = ties[0]
-        rec["best_time_us"] = times[ties[0]]
-        rec["ties"] = ",".join(ties)
-        rec["n_ties"] = len(ties)
-        rows.append(rec)
-    data = pd.DataFrame(rows)
+    names = set(jobs["order_name"])
+    orders = [o for o in ORDERS if o in names] + sorted(names - set(ORDERS))
+    data = pd.DataFrame([_row(key, g, orders, rel_tol)
+                         for key, g in jobs.groupby(_GROUP, sort=False)])
 
     feats = pd.DataFrame([json.loads(f) for f in graphs["features"]]).add_prefix("f_")
     graphs = pd.concat([graphs.drop(columns="features"), feats], axis=1)
-    graphs = graphs.rename(columns={"name": "graph_name"})
-    data = data.merge(graphs, on=["graph_hash", "graph_name", "training",
+    graphs = graphs.rename(columns={"name": "graph_name"}).drop(columns="study_hash")
+    data = data.merge(graphs, on=["graph_hash", "graph_name", "scenario", "training",
                                   "coarsen_max_nodes"], how="left")
+    sfeats = pd.DataFrame([json.loads(f) for f in pairs["features"]]).add_prefix("s_")
+    pairs = pd.concat([pairs.drop(columns="features"), sfeats], axis=1)
+    data = data.merge(pairs, on=["study_hash", "cluster_hash"], how="left")
     cfeats = {h: cluster_features(Cluster.from_dict(json.loads(d)))
               for h, d in clusters.items()}
     cdf = pd.DataFrame.from_dict(cfeats, orient="index").add_prefix("c_")
@@ -144,16 +206,19 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
 
     data = data.rename(columns={"graph_name": "graph"})
     data["training"] = data["training"].astype(bool)
-    front = ["graph", "graph_hash", "family", "source", "source_nodes", "n_nodes", "n_edges",
-             "training", "coarsen_max_nodes", "cluster", "placer", "placer_options",
-             "config_hash", "feature_schema"]
-    known = [f"f_{n}" for n in FEATURE_NAMES] + [f"c_{n}" for n in CLUSTER_FEATURE_NAMES]
-    fcols = [c for c in known if c in data.columns and c.startswith("f_")]
+    front = ["graph", "graph_hash", "family", "source", "source_nodes", "scenario",
+             "n_nodes", "n_edges", "training", "coarsen_max_nodes", "cluster", "placer",
+             "placer_options", "config_hash", "feature_schema"]
+    fcols = [f"f_{n}" for n in FEATURE_NAMES if f"f_{n}" in data.columns]
     fcols += sorted(c for c in data.columns if c.startswith("f_") and c not in fcols)
-    ccols = [c for c in known if c in data.columns and c.startswith("c_")]
-    ocols = [f"{k}_{o}" for o in orders for k in ("time", "spread", "seeds", "feasible")]
-    cols = [*front, *fcols, *ccols, *ocols, "best_order", "best_time_us", "ties", "n_ties"]
-    return (data[cols].sort_values(["placer", "cluster", "family", "graph"])
+    ccols = [f"c_{n}" for n in CLUSTER_FEATURE_NAMES if f"c_{n}" in data.columns]
+    scols = [f"s_{n}" for n in SCENARIO_FEATURE_NAMES if f"s_{n}" in data.columns]
+    ocols = [f"{k}_{o}" for o in orders for k in ("time", "se", "seeds", "feasible")]
+    tail = ["single_device_us", "single_device_feasible", "best_order", "best_time_us",
+            "ties", "n_ties", "speedup", "construction_ties", "worst_order", "gap_worst",
+            "second_order", "gap_second", "second_tied"]
+    cols = [*front, *fcols, *ccols, *scols, *ocols, *tail]
+    return (data[cols].sort_values(["placer", "scenario", "cluster", "family", "graph"])
             .reset_index(drop=True))
 
 

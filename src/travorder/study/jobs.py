@@ -1,9 +1,10 @@
 """Study jobs: one placement run, identified by its key, and `run_job` that runs it.
 
-A job's key is ``(graph_hash, graph_name, cluster, order, placer, config_hash, seed)``:
-``graph_hash`` is the hash of the graph *as selected* (before `prepare_graph`),
-``config_hash`` covers everything else the outcome depends on (the placer and its
-options, the cluster's definition, the graph preparation, and `JOB_VERSION`). The outcome
+A job's key is ``(graph_hash, graph_name, scenario, cluster, order, placer, config_hash,
+seed)``: ``graph_hash`` is the hash of the graph *as selected* (before the scenario
+prepares it), ``scenario`` the scenario's name, ``config_hash`` covers everything else the
+outcome depends on (the placer and its options, the cluster's definition, the scenario's
+definition, the graph preparation, and `JOB_VERSION`). The outcome
 is a pure function of the key: `run_job` on any machine, in any process, gives the same
 outcome apart from its timings and library versions.
 
@@ -13,8 +14,8 @@ outcome apart from its timings and library versions.
 >>> g, c = chain(0, n_layers=4), load_cluster("k80x3")
 >>> job = make_job(g, c, "topo", "greedy", {}, seed=0, training=True)
 >>> out = run_job(job, prepare_graph(g, True), c)
->>> out["status"], len(out["placement"]) == 2 * g.n_nodes
-('done', True)
+>>> out["status"], len(out["placement"]) == 2 * g.n_nodes, out["single_device_feasible"]
+('done', True, True)
 """
 
 from __future__ import annotations
@@ -32,14 +33,16 @@ import numpy as np
 
 import travorder
 from travorder.graph import OpGraph
-from travorder.placement import Cluster, place
+from travorder.placement import Cluster, place, traversal_order
+from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
 from travorder.study.spec import StudySpec
 
 #: Bump when `run_job` changes what it computes: old results then no longer count as done.
-JOB_VERSION = 1
+JOB_VERSION = 2
 
 #: The columns of a job's key, in order.
-KEY_FIELDS = ("graph_hash", "graph_name", "cluster", "order", "placer", "config_hash", "seed")
+KEY_FIELDS = ("graph_hash", "graph_name", "scenario", "cluster", "order", "placer",
+              "config_hash", "seed")
 
 _VERSIONED = ("numpy", "numba", "networkx", "scipy", "torch")
 
@@ -56,12 +59,12 @@ def cluster_hash(cluster: Cluster) -> str:
 
 
 def config_hash(placer: str, options: Mapping[str, Any], cluster: Cluster, training: bool,
-                coarsen_max_nodes: int) -> str:
+                coarsen_max_nodes: int, scenario: Scenario = DEFAULT_SCENARIO) -> str:
     """SHA-256 (hex) of what a job's outcome depends on besides graph, order and seed."""
     return _digest({"placer": placer, "options": dict(options),
                     "cluster": cluster_hash(cluster),
                     "training": training, "coarsen_max_nodes": coarsen_max_nodes,
-                    "job_version": JOB_VERSION})
+                    "scenario": scenario.to_dict(), "job_version": JOB_VERSION})
 
 
 @dataclass(frozen=True)
@@ -71,6 +74,7 @@ class Job:
 
     graph_hash: str
     graph_name: str
+    scenario: str
     cluster: str
     order: str
     placer: str
@@ -80,9 +84,10 @@ class Job:
     training: bool = field(default=True, compare=False)
     coarsen_max_nodes: int = field(default=0, compare=False)
     cluster_hash: str = field(default="", compare=False)
+    scenario_def: Scenario = field(default=DEFAULT_SCENARIO, compare=False)
 
     @property
-    def key(self) -> tuple[str, str, str, str, str, str, int]:
+    def key(self) -> tuple[str, str, str, str, str, str, str, int]:
         """The key, in `KEY_FIELDS` order."""
         return tuple(getattr(self, f) for f in KEY_FIELDS)  # type: ignore[return-value]
 
@@ -94,19 +99,21 @@ class Job:
 
 def make_job(graph: OpGraph, cluster: Cluster, order: str, placer: str,
              options: Mapping[str, Any], seed: int, training: bool = True,
-             coarsen_max_nodes: int = 0) -> Job:
-    """The job that places the selected (forward) ``graph``, prepared by `prepare_graph`."""
-    return Job(graph.graph_hash, graph.name, cluster.name, order, placer,
-               config_hash(placer, options, cluster, training, coarsen_max_nodes), seed,
-               dict(options), training, coarsen_max_nodes, cluster_hash(cluster))
+             coarsen_max_nodes: int = 0, scenario: Scenario = DEFAULT_SCENARIO) -> Job:
+    """The job that places the selected (forward) ``graph``, prepared by ``scenario``."""
+    return Job(graph.graph_hash, graph.name, scenario.name, cluster.name, order, placer,
+               config_hash(placer, options, cluster, training, coarsen_max_nodes, scenario),
+               seed, dict(options), training, coarsen_max_nodes, cluster_hash(cluster),
+               scenario)
 
 
 def spec_jobs(spec: StudySpec, graphs: list[OpGraph]) -> list[Job]:
-    """Every job of ``spec`` over its selected ``graphs``: graph x cluster x order x seed."""
+    """Every job of ``spec`` over its selected ``graphs``: graph x scenario x cluster x
+    order x seed."""
     return [make_job(g, c, order, spec.placer, spec.placer_options, seed, spec.training,
-                     spec.coarsen_max_nodes)
-            for g in graphs for c in spec.clusters for order in spec.orders
-            for seed in spec.seeds_for(order)]
+                     spec.coarsen_max_nodes, scenario)
+            for g in graphs for scenario in spec.scenarios for c in spec.clusters
+            for order in spec.orders for seed in spec.seeds_for(order)]
 
 
 def library_versions() -> dict[str, str]:
@@ -118,18 +125,22 @@ def library_versions() -> dict[str, str]:
 
 
 def run_job(job: Job, graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
-    """Run ``job`` on its prepared ``graph`` and ``cluster``; return its outcome.
+    """Run ``job`` on its prepared ``graph`` and ``cluster`` (the scenario's); return its
+    outcome.
 
     The outcome: ``status`` ``"done"``, ``step_time_us``, ``lower_bound_us``,
     ``efficiency``, ``feasible``, ``peak_memory_bytes`` (largest over devices),
     ``placement`` (device per node of the prepared graph), ``learning_curve`` (or None),
-    ``study_hash`` / ``study_nodes`` (the prepared graph), ``placer_wall_s`` (order and
-    placer), ``wall_s`` (the whole job) and ``versions``. Exceptions propagate; see
-    `run_job_safely`.
+    the single-device floor ``single_device_us`` and ``single_device_feasible``,
+    ``order_hash`` (of the node sequence the order visited), ``study_hash`` /
+    ``study_nodes`` (the prepared graph), ``placer_wall_s`` (order and placer),
+    ``wall_s`` (the whole job) and ``versions``. The placer's own placement is kept even
+    when one device is faster. Exceptions propagate; see `run_job_safely`.
     """
     start = time.perf_counter()
     result = place(graph, cluster, placer=job.placer, order=job.order, seed=job.seed,
                    **job.options)
+    visit = traversal_order(graph, job.order, job.seed)
     return {
         "status": "done",
         "step_time_us": float(result.step_time_us),
@@ -140,6 +151,9 @@ def run_job(job: Job, graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
         "placement": result.placement.tolist(),
         "learning_curve": (None if result.learning_curve is None
                            else [float(x) for x in result.learning_curve]),
+        "single_device_us": float(result.single_device_us),
+        "single_device_feasible": bool(result.single_device_feasible),
+        "order_hash": hashlib.sha256(visit.astype("<i8").tobytes()).hexdigest()[:16],
         "study_hash": graph.graph_hash,
         "study_nodes": graph.n_nodes,
         "placer_wall_s": float(result.wall_s),
@@ -159,3 +173,9 @@ def run_job_safely(job: Job, graph: OpGraph, cluster: Cluster) -> tuple[Job, dic
         return job, {"status": "failed", "error": traceback.format_exc(limit=8).strip(),
                      "wall_s": time.perf_counter() - start, "versions": library_versions()}
 
+
+def run_jobs_safely(jobs: list[Job], graph: OpGraph, cluster: Cluster
+                    ) -> list[tuple[Job, dict[str, Any]]]:
+    """`run_job_safely` for several jobs of one prepared graph and cluster (a runner sends
+    the graph to a worker once for all of them)."""
+    return [run_job_safely(job, graph, cluster) for job in jobs]

@@ -1,9 +1,10 @@
 """Run a study: the jobs of a spec that the store has not finished, on joblib or Ray.
 
 `run_study` selects the spec's graphs, lists its jobs (`spec_jobs`), skips the ones the
-store holds as done, prepares the graphs that still have jobs (`prepare_graph`, features
-into the store), checks the placer's options once per cluster on a three-node graph (so
-a bad option is one error, not a failed study), and runs the rest:
+store holds as done, prepares the graphs that still have jobs in each of their scenarios
+(`Scenario.prepare` and `Scenario.cluster_for`; graph and scenario features into the
+store), checks the placer's options once per cluster on a three-node graph (so a bad
+option is one error, not a failed study), and runs the rest:
 
 - ``backend="loky"``: joblib's loky process pool with ``jobs`` workers
   (``Parallel(return_as="generator_unordered")``); with ``jobs=1`` the jobs run in this
@@ -12,8 +13,10 @@ a bad option is one error, not a failed study), and runs the rest:
   (``"auto"``: the one this machine belongs to), or on a local Ray with ``jobs`` CPUs
   started for the run and shut down after it.
 
-Results stream back as they finish, largest graphs first, and each is written to the
-store in its own transaction by this process only. A job that raises is stored as failed
+Jobs go to the workers in chunks, one per prepared graph and cluster (the graph travels
+once for all its orders and seeds), largest graphs first; results stream back as chunks
+finish, and each job's row is written to the store in its own transaction by this
+process only. A job that raises is stored as failed
 with its traceback and the study goes on; failed jobs run again on the next run.
 Ctrl-C (KeyboardInterrupt) stops dispatching, cancels what is running and returns; what
 finished is kept.
@@ -21,6 +24,7 @@ finished is kept.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Iterator
@@ -31,7 +35,8 @@ from typing import Any
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.placement import Cluster, place
-from travorder.study.jobs import Job, run_job_safely, spec_jobs
+from travorder.study.jobs import Job, cluster_hash, run_jobs_safely, spec_jobs
+from travorder.study.scenarios import Scenario, features_of
 from travorder.study.spec import StudySpec, load_spec
 from travorder.study.store import ResultStore
 
@@ -72,38 +77,75 @@ def _preflight(spec: StudySpec) -> None:
                                  f"{cluster.name!r}: {exc}") from None
 
 
+Graphs = dict[tuple[str, str], OpGraph]
+Clusters = dict[tuple[str, str, str], Cluster]
+
+
+def _prepare_one(spec: StudySpec, graph: OpGraph, scenario: Scenario
+                 ) -> tuple[OpGraph, dict[str, float], list[tuple[Cluster, dict[str, float]]]]:
+    from travorder.featurize import graph_features
+
+    prepared = spec.prepare(graph, scenario)
+    clusters = [scenario.cluster_for(prepared, c) for c in spec.clusters]
+    return (prepared, graph_features(prepared),
+            [(c, features_of(prepared, c)) for c in clusters])
+
+
 def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
-             wanted: set[str]) -> dict[str, OpGraph]:
-    """Prepare the graphs named in ``wanted`` (and describe any the store lacks)."""
-    from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
+             wanted: set[tuple[str, str]], n_workers: int, progress: bool
+             ) -> tuple[Graphs, Clusters]:
+    """Prepare the (graph name, scenario name) pairs in ``wanted``, on ``n_workers``
+    processes, and describe them in the store: graph and scenario features, and the
+    clusters as the scenario set them."""
+    from joblib import Parallel, delayed
 
-    known = store.graph_keys()
-    prepared_graphs = {}
-    for g in graphs:
-        key = (g.graph_hash, g.name, int(spec.training), spec.coarsen_max_nodes)
-        if g.name not in wanted and key in known:
-            continue
-        prepared = spec.prepare(g)
-        if key not in known:
-            store.add_graph(g, prepared, spec.training, spec.coarsen_max_nodes,
-                            graph_features(prepared), FEATURE_SCHEMA_VERSION)
-        prepared_graphs[g.name] = prepared
-    return prepared_graphs
+    from travorder.featurize import FEATURE_SCHEMA_VERSION
+
+    by_name = {g.name: g for g in graphs}
+    scenarios = {s.name: s for s in spec.scenarios}
+    todo = sorted(wanted)
+    results = Parallel(n_jobs=min(n_workers, max(len(todo), 1)), backend="loky",
+                       return_as="generator")(
+        delayed(_prepare_one)(spec, by_name[g], scenarios[s]) for g, s in todo)
+    prepared_graphs: Graphs = {}
+    clusters: Clusters = {}
+    with _progress(progress) as bar:
+        task = bar.add_task("preparing graphs", total=len(todo), failed=0, rate=0.0)
+        for (name, sname), (prepared, feats, pairs) in zip(todo, results, strict=True):
+            store.add_graph(by_name[name], sname, prepared, spec.training,
+                            spec.coarsen_max_nodes, feats, FEATURE_SCHEMA_VERSION)
+            for cluster, pair_feats in pairs:
+                store.add_pair(prepared.graph_hash, cluster, pair_feats)
+                clusters[name, sname, cluster.name] = cluster
+            prepared_graphs[name, sname] = prepared
+            bar.update(task, advance=1)
+    return prepared_graphs, clusters
 
 
-def _run_loky(jobs: list[Job], graphs: dict[str, OpGraph],
-              clusters: dict[str, Cluster], n_workers: int
-              ) -> Iterator[tuple[Job, dict[str, Any]]]:
+def _inputs(job: Job, graphs: Graphs, clusters: Clusters) -> tuple[OpGraph, Cluster]:
+    return (graphs[job.graph_name, job.scenario],
+            clusters[job.graph_name, job.scenario, job.cluster])
+
+
+def _chunks(jobs: list[Job]) -> list[list[Job]]:
+    """The jobs grouped by prepared graph and cluster, in the order of their first job."""
+    groups: dict[tuple[str, str, str], list[Job]] = {}
+    for job in jobs:
+        groups.setdefault((job.graph_name, job.scenario, job.cluster), []).append(job)
+    return list(groups.values())
+
+
+def _run_loky(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: int
+              ) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
     from joblib import Parallel, delayed
 
     parallel = Parallel(n_jobs=n_workers, backend="loky", return_as="generator_unordered")
-    yield from parallel(delayed(run_job_safely)(job, graphs[job.graph_name],
-                                                clusters[job.cluster]) for job in jobs)
+    yield from parallel(delayed(run_jobs_safely)(chunk, *_inputs(chunk[0], graphs, clusters))
+                        for chunk in _chunks(jobs))
 
 
-def _run_ray(jobs: list[Job], graphs: dict[str, OpGraph],
-             clusters: dict[str, Cluster], n_workers: int, address: str | None
-             ) -> Iterator[tuple[Job, dict[str, Any]]]:
+def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: int,
+             address: str | None) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
     try:
         import ray
     except ImportError:
@@ -120,11 +162,13 @@ def _run_ray(jobs: list[Job], graphs: dict[str, OpGraph],
             raise TravorderError(f"cannot connect to Ray at {address!r}: {exc}") from None
     pending: list[Any] = []
     try:
-        task = ray.remote(num_cpus=1, max_retries=0)(run_job_safely)
-        graph_refs = {name: ray.put(g) for name, g in graphs.items()}
-        cluster_refs = {name: ray.put(c) for name, c in clusters.items()}
-        pending = [task.remote(job, graph_refs[job.graph_name], cluster_refs[job.cluster])
-                   for job in jobs]
+        task = ray.remote(num_cpus=1, max_retries=0)(run_jobs_safely)
+        graph_refs = {key: ray.put(g) for key, g in graphs.items()}
+        cluster_refs = {key: ray.put(c) for key, c in clusters.items()}
+        pending = [task.remote(chunk, graph_refs[chunk[0].graph_name, chunk[0].scenario],
+                               cluster_refs[chunk[0].graph_name, chunk[0].scenario,
+                                            chunk[0].cluster])
+                   for chunk in _chunks(jobs)]
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             yield ray.get(ready[0])
@@ -176,10 +220,17 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         todo = [j for j in all_jobs if j.job_id not in done_before]
         if todo:
             _preflight(spec)
-        prepared = _prepare(spec, graphs, store, {j.graph_name for j in todo})
+        known = store.graph_keys()
+        wanted = {(j.graph_name, j.scenario) for j in todo}
+        wanted |= {(g.name, s.name) for g in graphs for s in spec.scenarios
+                   if (g.graph_hash, g.name, s.name, int(spec.training),
+                       spec.coarsen_max_nodes) not in known}
+        prepared, clusters = _prepare(spec, graphs, store, wanted, jobs, progress)
+        # The store keeps the cluster each job ran on (as its scenario set it).
+        todo = [dataclasses.replace(j, cluster_hash=cluster_hash(_inputs(
+            j, prepared, clusters)[1])) for j in todo]
         # Largest graphs first, so that the last jobs to finish are short ones.
-        todo.sort(key=lambda j: -prepared[j.graph_name].n_nodes)
-        clusters = {c.name: c for c in spec.clusters}
+        todo.sort(key=lambda j: -prepared[j.graph_name, j.scenario].n_nodes)
         skipped = len(all_jobs) - len(todo)
         done = failed = 0
         interrupted = False
@@ -190,14 +241,15 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
             results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
                        else _run_ray(todo, prepared, clusters, jobs, address))
             try:
-                for job, outcome in results:
-                    store.record(job, outcome)
-                    if outcome["status"] == "done":
-                        done += 1
-                    else:
-                        failed += 1
+                for chunk in results:
+                    for job, outcome in chunk:
+                        store.record(job, outcome)
+                        if outcome["status"] == "done":
+                            done += 1
+                        else:
+                            failed += 1
                     rate = (done + failed) / max(time.perf_counter() - t0, 1e-9)
-                    bar.update(task, advance=1, failed=failed, rate=rate)
+                    bar.update(task, advance=len(chunk), failed=failed, rate=rate)
             except KeyboardInterrupt:
                 interrupted = True
             finally:

@@ -23,8 +23,12 @@ A spec is a TOML file (paths in it are relative to the file)::
     files = ["model.onnx", {path = "g.json.gz", family = "cnn"}]
     synthetic = [{family = "chain", seeds = [0, 1], params = {n_layers = 8}}]
 
-The jobs are the product graphs x clusters x orders x seeds (an order's seeds come from
-``order_seeds`` when it is listed there). Every problem in a spec is one
+    [[scenarios]]                     # optional, see travorder.study.scenarios; or one
+    batch = "train"                   # [scenarios] table of lists for their product
+    micro_batches = 4
+
+The jobs are the product graphs x scenarios x clusters x orders x seeds (an order's seeds
+come from ``order_seeds`` when it is listed there). Every problem in a spec is one
 :class:`~travorder.errors.TravorderError` naming the file and the setting.
 
 >>> spec = StudySpec.from_dict({"name": "s", "clusters": ["k80x3"], "orders": ["topo"],
@@ -46,11 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from travorder.errors import FormatError, TravorderError, read_text
-from travorder.graph import OpGraph, load_graph, prepare_graph
+from travorder.graph import OpGraph, load_graph
 from travorder.placement import ORDERS, PLACERS, STUDY_ORDERS, Cluster, load_cluster
+from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario, parse_scenarios
 
 _TOP_KEYS = ("name", "description", "orders", "seeds", "clusters", "order_seeds", "placer",
-             "graphs")
+             "graphs", "scenarios")
 _GRAPH_KEYS = ("training", "coarsen_max_nodes", "corpus", "files", "synthetic")
 _CORPUS_KEYS = ("families", "sources", "names", "max_nodes", "dir")
 
@@ -89,6 +94,7 @@ class StudySpec:
     corpus: Mapping[str, Any] | None = None
     files: tuple[FileSelection, ...] = ()
     synthetic: tuple[SyntheticSelection, ...] = ()
+    scenarios: tuple[Scenario, ...] = (DEFAULT_SCENARIO,)
     description: str = ""
     source: str = "spec"
 
@@ -110,6 +116,7 @@ class StudySpec:
             "seeds": list(self.seeds),
             "order_seeds": {k: list(v) for k, v in sorted(self.order_seeds.items())},
             "placer": {"name": self.placer, "options": dict(self.placer_options)},
+            "scenarios": [s.to_dict() for s in self.scenarios],
             "graphs": {
                 "training": self.training, "coarsen_max_nodes": self.coarsen_max_nodes,
                 "corpus": None if self.corpus is None else dict(self.corpus),
@@ -159,9 +166,9 @@ class StudySpec:
             seen.add(g.name)
         return graphs
 
-    def prepare(self, graph: OpGraph) -> OpGraph:
-        """`prepare_graph` with this spec's settings."""
-        return prepare_graph(graph, self.training, self.coarsen_max_nodes)
+    def prepare(self, graph: OpGraph, scenario: Scenario = DEFAULT_SCENARIO) -> OpGraph:
+        """The graph placed in ``scenario``: `Scenario.prepare` with this spec's settings."""
+        return scenario.prepare(graph, self.training, self.coarsen_max_nodes)
 
 
 def load_spec(path: str | os.PathLike[str]) -> StudySpec:
@@ -349,9 +356,11 @@ def _parse(data: Mapping[str, Any], base: Path, where: str) -> StudySpec:
     description = data.get("description", "")
     if not isinstance(description, str):
         raise TravorderError(f"{where}: description must be a string")
+    scenarios = (parse_scenarios(data["scenarios"], where) if "scenarios" in data
+                 else (DEFAULT_SCENARIO,))
     return StudySpec(
         name=name, clusters=_clusters(data["clusters"], base, where), orders=orders,
         seeds=seeds, placer=placer["name"], placer_options=options, order_seeds=order_seeds,
         training=training, coarsen_max_nodes=max_nodes, corpus=corpus, files=files,
-        synthetic=synthetic, description=description, source=where,
+        synthetic=synthetic, scenarios=scenarios, description=description, source=where,
     )

@@ -1,20 +1,24 @@
 """The result store: one SQLite file (stdlib ``sqlite3``, WAL journal) per study store.
 
-Tables (``STORE_VERSION`` 1; see docs/study.md for every column):
+Tables (``STORE_VERSION`` 2; see docs/study.md for every column):
 
 - ``jobs``: one row per job, keyed by ``job_id`` and UNIQUE over the key columns
-  ``(graph_hash, graph_name, cluster, order_name, placer, config_hash, seed)``; the
-  settings (``training``, ``coarsen_max_nodes``, ``placer_options`` JSON,
-  ``cluster_hash``), ``status`` (``done`` or ``failed``), the outcome
-  (``step_time_us``, ``lower_bound_us``, ``efficiency``, ``feasible``,
-  ``peak_memory_bytes``, ``learning_curve`` JSON,
+  ``(graph_hash, graph_name, scenario, cluster, order_name, placer, config_hash, seed)``;
+  the settings (``training``, ``coarsen_max_nodes``, ``placer_options`` JSON,
+  ``cluster_hash`` of the cluster as the scenario set it), ``status`` (``done`` or
+  ``failed``), the outcome (``step_time_us``, ``lower_bound_us``, ``efficiency``,
+  ``feasible``, ``peak_memory_bytes``, ``learning_curve`` JSON,
   ``placement`` as a zlib-compressed little-endian int16 array, see `decode_placement`,
-  ``study_hash``, ``study_nodes``), timings (``wall_s``, ``placer_wall_s``),
-  ``versions`` JSON, ``error`` (the traceback of a failed job) and ``finished`` (UTC).
-- ``graphs``: per selected graph and preparation: name, family, source, sizes before and
-  after `prepare_graph`, the prepared graph's hash, its features (JSON) and their schema
-  version.
+  the single-device floor ``single_device_us`` and ``single_device_feasible``,
+  ``order_hash`` of the visited node sequence, ``study_hash``, ``study_nodes``),
+  timings (``wall_s``, ``placer_wall_s``), ``versions`` JSON, ``error`` (the traceback of
+  a failed job) and ``finished`` (UTC).
+- ``graphs``: per selected graph, scenario and preparation: name, family, source, sizes
+  before and after preparation, the prepared graph's hash, its features (JSON) and their
+  schema version.
 - ``clusters``: the hash of a cluster's definition, its name and definition (JSON).
+- ``pairs``: scenario features (JSON) of a prepared graph (``study_hash``) on a cluster
+  (``cluster_hash``).
 - ``studies`` and ``plan``: each run of a spec against the store, keyed by its plan hash
   (the spec's hash and the ids of the jobs it resolved to: the same spec over a changed
   corpus is another plan), and the ids of its jobs, so `ResultStore.status` can count
@@ -50,13 +54,14 @@ from travorder.graph import OpGraph
 from travorder.placement import Cluster
 from travorder.study.jobs import Job, cluster_hash
 
-STORE_VERSION = 1
+STORE_VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
     job_id TEXT PRIMARY KEY,
-    graph_hash TEXT NOT NULL, graph_name TEXT NOT NULL, cluster TEXT NOT NULL,
+    graph_hash TEXT NOT NULL, graph_name TEXT NOT NULL, scenario TEXT NOT NULL,
+    cluster TEXT NOT NULL,
     order_name TEXT NOT NULL, placer TEXT NOT NULL, config_hash TEXT NOT NULL,
     seed INTEGER NOT NULL,
     training INTEGER NOT NULL, coarsen_max_nodes INTEGER NOT NULL,
@@ -64,20 +69,25 @@ CREATE TABLE IF NOT EXISTS jobs (
     status TEXT NOT NULL CHECK (status IN ('done', 'failed')),
     step_time_us REAL, lower_bound_us REAL, efficiency REAL, feasible INTEGER,
     peak_memory_bytes REAL, learning_curve TEXT, placement BLOB,
+    single_device_us REAL, single_device_feasible INTEGER, order_hash TEXT,
     study_hash TEXT, study_nodes INTEGER,
     wall_s REAL, placer_wall_s REAL, versions TEXT, error TEXT, finished TEXT NOT NULL,
-    UNIQUE (graph_hash, graph_name, cluster, order_name, placer, config_hash, seed)
+    UNIQUE (graph_hash, graph_name, scenario, cluster, order_name, placer, config_hash, seed)
 );
 CREATE TABLE IF NOT EXISTS graphs (
-    graph_hash TEXT NOT NULL, name TEXT NOT NULL, training INTEGER NOT NULL,
-    coarsen_max_nodes INTEGER NOT NULL,
+    graph_hash TEXT NOT NULL, name TEXT NOT NULL, scenario TEXT NOT NULL,
+    training INTEGER NOT NULL, coarsen_max_nodes INTEGER NOT NULL,
     family TEXT, source TEXT, source_nodes INTEGER NOT NULL, source_edges INTEGER NOT NULL,
     study_hash TEXT NOT NULL, n_nodes INTEGER NOT NULL, n_edges INTEGER NOT NULL,
     features TEXT NOT NULL, feature_schema INTEGER NOT NULL,
-    PRIMARY KEY (graph_hash, name, training, coarsen_max_nodes)
+    PRIMARY KEY (graph_hash, name, scenario, training, coarsen_max_nodes)
 );
 CREATE TABLE IF NOT EXISTS clusters (
     cluster_hash TEXT PRIMARY KEY, name TEXT NOT NULL, definition TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pairs (
+    study_hash TEXT NOT NULL, cluster_hash TEXT NOT NULL, features TEXT NOT NULL,
+    PRIMARY KEY (study_hash, cluster_hash)
 );
 CREATE TABLE IF NOT EXISTS studies (
     plan_hash TEXT PRIMARY KEY, spec_hash TEXT NOT NULL, name TEXT NOT NULL,
@@ -88,16 +98,15 @@ CREATE TABLE IF NOT EXISTS plan (
 ) WITHOUT ROWID;
 """
 
-_JOB_COLUMNS = ("job_id", "graph_hash", "graph_name", "cluster", "order_name", "placer",
-                "config_hash", "seed", "training", "coarsen_max_nodes", "placer_options",
-                "cluster_hash", "status", "step_time_us", "lower_bound_us", "efficiency",
-                "feasible", "peak_memory_bytes", "learning_curve", "placement", "study_hash",
-                "study_nodes", "wall_s", "placer_wall_s", "versions", "error", "finished")
-
 #: The columns of ``jobs`` that hold the outcome (the same on every backend and machine).
 OUTCOME_COLUMNS = ("status", "step_time_us", "lower_bound_us", "efficiency", "feasible",
-                   "peak_memory_bytes", "learning_curve", "placement", "study_hash",
-                   "study_nodes")
+                   "peak_memory_bytes", "learning_curve", "placement", "single_device_us",
+                   "single_device_feasible", "order_hash", "study_hash", "study_nodes")
+
+_JOB_COLUMNS = ("job_id", "graph_hash", "graph_name", "scenario", "cluster", "order_name",
+                "placer", "config_hash", "seed", "training", "coarsen_max_nodes",
+                "placer_options", "cluster_hash", *OUTCOME_COLUMNS, "wall_s",
+                "placer_wall_s", "versions", "error", "finished")
 
 _UPSERT = (f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) "
            f"VALUES ({', '.join('?' * len(_JOB_COLUMNS))}) "
@@ -142,19 +151,22 @@ class ResultStore:
             self.connection.execute("PRAGMA journal_mode=WAL")
             self.connection.execute("PRAGMA synchronous=NORMAL")
             with self._transaction():
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        self.connection.execute(statement)
+                self.connection.execute(_SCHEMA.split(";")[0])  # meta
                 row = self.connection.execute(
                     "SELECT value FROM meta WHERE key = 'store_version'").fetchone()
+                if row is not None and row[0] != str(STORE_VERSION):
+                    raise FormatError(
+                        f"{self.path}: result store version {row[0]} is not supported (this "
+                        f"travorder reads version {STORE_VERSION}; run the study into a new "
+                        f"store)")
+                for statement in _SCHEMA.split(";")[1:]:
+                    if statement.strip():
+                        self.connection.execute(statement)
                 if row is None:
                     self.connection.execute(
                         "INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
         except sqlite3.DatabaseError as exc:
             raise FormatError(f"{self.path}: not a travorder result store ({exc})") from None
-        if row is not None and row[0] != str(STORE_VERSION):
-            raise FormatError(f"{self.path}: result store version {row[0]} is not supported "
-                              f"(this travorder reads version {STORE_VERSION})")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -183,16 +195,19 @@ class ResultStore:
         A failed row is replaced by a later outcome; a done row is never changed."""
         curve = outcome.get("learning_curve")
         placement = outcome.get("placement")
+        flags = {k: None if outcome.get(k) is None else int(outcome[k])
+                 for k in ("feasible", "single_device_feasible")}
         row = (
-            job.job_id, job.graph_hash, job.graph_name, job.cluster, job.order, job.placer,
-            job.config_hash, job.seed, int(job.training), job.coarsen_max_nodes,
+            job.job_id, job.graph_hash, job.graph_name, job.scenario, job.cluster, job.order,
+            job.placer, job.config_hash, job.seed, int(job.training), job.coarsen_max_nodes,
             json.dumps(dict(job.options), sort_keys=True), job.cluster_hash,
             outcome["status"],
             outcome.get("step_time_us"), outcome.get("lower_bound_us"),
-            outcome.get("efficiency"),
-            None if outcome.get("feasible") is None else int(outcome["feasible"]),
+            outcome.get("efficiency"), flags["feasible"],
             outcome.get("peak_memory_bytes"), None if curve is None else json.dumps(curve),
             None if placement is None else encode_placement(placement),
+            outcome.get("single_device_us"), flags["single_device_feasible"],
+            outcome.get("order_hash"),
             outcome.get("study_hash"), outcome.get("study_nodes"), outcome.get("wall_s"),
             outcome.get("placer_wall_s"), json.dumps(outcome.get("versions", {})),
             outcome.get("error"), _now(),
@@ -200,16 +215,31 @@ class ResultStore:
         with self._transaction():
             self.connection.execute(_UPSERT, row)
 
-    def add_graph(self, selected: OpGraph, prepared: OpGraph, training: bool,
+    def add_graph(self, selected: OpGraph, scenario: str, prepared: OpGraph, training: bool,
                   coarsen_max_nodes: int, features: dict[str, float], schema: int) -> None:
-        """Describe a selected graph and its prepared form (replacing an older entry)."""
+        """Describe a selected graph and its prepared form in ``scenario`` (replacing an
+        older entry)."""
         with self._transaction():
             self.connection.execute(
-                "INSERT OR REPLACE INTO graphs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (selected.graph_hash, selected.name, int(training), coarsen_max_nodes,
+                "INSERT OR REPLACE INTO graphs VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (selected.graph_hash, selected.name, scenario, int(training),
+                 coarsen_max_nodes,
                  selected.meta.get("family"), selected.meta.get("source"),
                  selected.n_nodes, selected.n_edges, prepared.graph_hash, prepared.n_nodes,
                  prepared.n_edges, json.dumps(features, sort_keys=True), schema))
+
+    def add_pair(self, study_hash: str, cluster: Cluster, features: dict[str, float]
+                 ) -> None:
+        """Store a cluster (as a scenario set it) and the scenario features of the prepared
+        graph ``study_hash`` on it."""
+        with self._transaction():
+            self.connection.execute(
+                "INSERT OR IGNORE INTO clusters VALUES (?,?,?)",
+                (cluster_hash(cluster), cluster.name,
+                 json.dumps(cluster.to_dict(), sort_keys=True)))
+            self.connection.execute(
+                "INSERT OR REPLACE INTO pairs VALUES (?,?,?)",
+                (study_hash, cluster_hash(cluster), json.dumps(features, sort_keys=True)))
 
     def add_study(self, name: str, spec: dict[str, Any], spec_hash: str,
                   jobs: list[Job], clusters: Iterable[Cluster]) -> str:
@@ -235,10 +265,11 @@ class ResultStore:
         return {r[0] for r in self.connection.execute(
             "SELECT job_id FROM jobs WHERE status = 'done'")}
 
-    def graph_keys(self) -> set[tuple[str, str, int, int]]:
-        """``(graph_hash, name, training, coarsen_max_nodes)`` of the described graphs."""
+    def graph_keys(self) -> set[tuple[str, str, str, int, int]]:
+        """``(graph_hash, name, scenario, training, coarsen_max_nodes)`` of the described
+        graphs."""
         return {tuple(r) for r in self.connection.execute(  # type: ignore[misc]
-            "SELECT graph_hash, name, training, coarsen_max_nodes FROM graphs")}
+            "SELECT graph_hash, name, scenario, training, coarsen_max_nodes FROM graphs")}
 
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check``: ``"ok"`` or the problems found."""

@@ -21,6 +21,7 @@ nothing fits they go on regardless, and ``feasible`` (the simulator's verdict) i
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -84,6 +85,13 @@ class PlacementResult:
     the time spent computing the order and running the placer; ``learning_curve`` the
     step time per episode for placers that learn, else None; ``graph_hash`` that of the
     placed graph.
+
+    The single-device floor: ``single_device_us`` is the step time with every node on the
+    device `single` picks, ``single_device_feasible`` whether that fits in memory,
+    ``speedup`` the floor's step time over this one. ``fallback`` is True when `place` was
+    asked for the floor (``floor=True``) and returned the single-device placement because
+    the placer's was slower or did not fit; ``placer_step_time_us`` is then the step time
+    the placer itself reached (else equal to ``step_time_us``).
     """
 
     placement: np.ndarray
@@ -98,6 +106,15 @@ class PlacementResult:
     wall_s: float
     learning_curve: list[float] | None = None
     graph_hash: str = ""
+    single_device_us: float = math.nan
+    single_device_feasible: bool = False
+    fallback: bool = False
+    placer_step_time_us: float = math.nan
+
+    @property
+    def speedup(self) -> float:
+        """The single-device step time over this placement's (> 1: faster than one device)."""
+        return self.single_device_us / self.step_time_us if self.step_time_us else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (arrays as lists)."""
@@ -114,6 +131,11 @@ class PlacementResult:
             "wall_s": self.wall_s,
             "learning_curve": self.learning_curve,
             "graph_hash": self.graph_hash,
+            "single_device_us": self.single_device_us,
+            "single_device_feasible": self.single_device_feasible,
+            "speedup": self.speedup,
+            "fallback": self.fallback,
+            "placer_step_time_us": self.placer_step_time_us,
         }
 
 
@@ -129,9 +151,14 @@ def _check_options(name: str, fn: PlacerFn, options: dict[str, Any]) -> None:
 
 
 def place(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
-          order: str = "topo", seed: int = 0, **options: Any) -> PlacementResult:
+          order: str = "topo", seed: int = 0, *, floor: bool = False,
+          **options: Any) -> PlacementResult:
     """Place `graph` on `cluster` (a `Cluster`, preset name or file) with `placer`, visiting
     nodes in traversal `order`; `options` go to the placer (e.g. ``colocate=False``).
+
+    The result always carries the single-device floor. With ``floor=True``, a placement
+    slower than a feasible single-device one (or infeasible where that one fits) is
+    replaced by the single-device placement, flagged ``fallback``.
 
     Raises TravorderError for an unknown placer, order or option.
     """
@@ -143,11 +170,21 @@ def place(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
     out = fn(graph, cluster, visit, seed, **options)
     wall = time.perf_counter() - t0
     placement, curve = out if isinstance(out, tuple) else (out, None)
-    sim = Simulator(graph, cluster).run(placement)
+    placement = np.asarray(placement, dtype=np.int64)
+    simulator = Simulator(graph, cluster)
+    sim = simulator.run(placement)
+    alone = single(graph, cluster, visit, seed)
+    floor_sim = simulator.run(alone)
+    fallback = floor and floor_sim.feasible and (
+        not sim.feasible or floor_sim.step_time_us < sim.step_time_us)
+    chosen, chosen_sim = (alone, floor_sim) if fallback else (placement, sim)
     return PlacementResult(
-        placement=np.asarray(placement, dtype=np.int64), step_time_us=sim.step_time_us,
-        lower_bound_us=sim.lower_bound_us, efficiency=sim.efficiency,
-        feasible=sim.feasible, peak_memory=sim.peak_memory, placer=placer, order=order,
-        seed=seed, wall_s=wall, learning_curve=None if curve is None else list(curve),
-        graph_hash=graph.graph_hash,
+        placement=chosen, step_time_us=chosen_sim.step_time_us,
+        lower_bound_us=chosen_sim.lower_bound_us, efficiency=chosen_sim.efficiency,
+        feasible=chosen_sim.feasible, peak_memory=chosen_sim.peak_memory, placer=placer,
+        order=order, seed=seed, wall_s=wall,
+        learning_curve=None if curve is None else list(curve), graph_hash=graph.graph_hash,
+        single_device_us=floor_sim.step_time_us,
+        single_device_feasible=floor_sim.feasible, fallback=fallback,
+        placer_step_time_us=sim.step_time_us,
     )

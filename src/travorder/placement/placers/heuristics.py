@@ -95,6 +95,8 @@ def greedy(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     """
     sched = PartialSchedule(graph, cluster, colocate)
     for v in order.tolist():
-        best = min(sched.candidates(v), key=lambda d: (sched.estimate(v, d)[1], d))
+        cands = sched.candidates(v)
+        best = cands[0] if len(cands) == 1 else min(
+            cands, key=lambda d: (sched.estimate(v, d)[1], d))
         sched.place(v, best)
     return sched.placement()

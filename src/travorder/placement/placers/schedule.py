@@ -19,6 +19,8 @@ The schedule is an estimate for making decisions: the simulator gives the final 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from travorder.graph import OpGraph
@@ -50,10 +52,11 @@ class DeviceBook:
 
     def _edge_lists(self, csr: tuple[np.ndarray, np.ndarray], other: np.ndarray
                     ) -> list[list[tuple[int, float]]]:
-        ptr, eid = (a.tolist() for a in csr)
-        ends, nbytes = other.tolist(), self.graph.edge_bytes.tolist()
-        return [[(ends[e], nbytes[e]) for e in eid[ptr[v]:ptr[v + 1]]]
-                for v in range(self.graph.n_nodes)]
+        ptr, eid = csr
+        pairs = list(zip(other[eid].tolist(), self.graph.edge_bytes[eid].tolist(),
+                         strict=True))
+        bounds = ptr.tolist()
+        return [pairs[a:b] for a, b in itertools.pairwise(bounds)]
 
     def forced(self, v: int) -> int:
         """The device `v` must go to (its colocation group's), or -1 if free to choose."""

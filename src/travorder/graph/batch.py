@@ -1,0 +1,50 @@
+"""Batch scaling: a graph exported at one batch size, re-costed for another.
+
+`scale_batch(g, batch)` multiplies by ``batch / g.meta["batch_size"]`` every op's
+``flops``, ``output_bytes`` and measured ``time_us`` and every edge's bytes; parameters do
+not change. Apply it to a forward graph, before `training_graph`: the backward pass then
+follows (weight gradients are parameter-sized and do not scale).
+
+Ops whose cost does not scale with the batch: the constant and shape ops in
+`BATCH_INVARIANT_OP_TYPES` (their outputs describe shapes, not data). Everything else
+scales linearly, which is exact for the data-parallel FLOPs of convolutions, matrix
+products, normalisations and elementwise ops, over-counts the rare op that reads only
+weights (a weight transpose), and takes measured latencies as linear in the batch (short
+kernels are in truth sub-linear until the device is saturated).
+
+>>> from travorder.graph.opgraph import OpGraph
+>>> g = OpGraph.from_records(
+...     [{"name": "fc", "flops": 8.0, "output_bytes": 4.0, "param_bytes": 16.0},
+...      {"name": "shape", "op_type": "Shape", "output_bytes": 8.0}],
+...     [("fc", "shape", 4.0)], batch_size=2)
+>>> s = scale_batch(g, 8)
+>>> s.flops.tolist(), s.output_bytes.tolist(), s.param_bytes.tolist(), s.meta["batch_size"]
+([32.0, 0.0], [16.0, 8.0], [16.0, 0.0], 8)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from travorder.errors import GraphError
+from travorder.graph.opgraph import OpGraph
+
+#: Op types whose cost and output do not depend on the batch size.
+BATCH_INVARIANT_OP_TYPES = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Range"})
+
+
+def scale_batch(g: OpGraph, batch: int) -> OpGraph:
+    """``g`` re-costed from its recorded ``batch_size`` to ``batch`` (module docstring)."""
+    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
+        raise GraphError(f"batch must be an integer >= 1, got {batch!r}")
+    exported = g.meta.get("batch_size")
+    if not exported:
+        raise GraphError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
+                         f"to batch {batch}")
+    factor = int(batch) / float(exported)
+    per_node = np.where(np.isin(g.op_types, list(BATCH_INVARIANT_OP_TYPES)), 1.0, factor)
+    return g.replace(
+        flops=g.flops * per_node, output_bytes=g.output_bytes * per_node,
+        time_us=g.time_us * per_node, edge_bytes=g.edge_bytes * per_node[g.src],
+        meta={**g.meta, "batch_size": int(batch)},
+    )

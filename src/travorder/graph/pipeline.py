@@ -1,0 +1,121 @@
+"""Pipelined training steps: a training-step graph unrolled over micro-batches.
+
+`pipeline_graph(g, m)` turns the graph of one training step into the step of a GPipe-style
+pipeline of ``m`` micro-batches:
+
+- every op ``v`` gets ``m`` copies ``v/mb0 .. v/mb{m-1}`` (copy ``k`` of node ``i`` has
+  index ``k * n + i``), each with ``1/m`` of its ``flops``, ``time_us``,
+  ``output_bytes`` and ``param_bytes``, and every edge is repeated within each
+  micro-batch with ``1/m`` of its bytes; so each copy costs exactly ``1/m`` of the op;
+- parameters are counted once: the copies' ``param_bytes`` add up to the op's, and the
+  copies share a device;
+- the copies of an op share its colocation group (its weights live on one device; an op
+  without a group gets one of its own), so a placer that keeps groups together decides
+  once per op group, never per copy;
+- weight-gradient ops (backward ops colocated with an op that holds parameters)
+  accumulate across micro-batches: copy ``k`` has an edge to copy ``k + 1``, so the step
+  ends after the last micro-batch's backward pass. The edge carries no bytes: the copies
+  share a device and accumulate in place.
+
+With ``m = 1`` the result equals ``g``. Traversal orders of a pipelined graph are taken
+from micro-batch 0's graph (`micro_batch_graph`) and expanded by `expand_order`: each
+op's copies follow one another in micro-batch order (docs/study.md says why).
+
+>>> from travorder.graph.opgraph import OpGraph
+>>> from travorder.graph.training import training_graph
+>>> g = training_graph(OpGraph.from_records(
+...     [{"name": "fc", "flops": 8.0, "output_bytes": 4.0, "param_bytes": 16.0}], []))
+>>> p = pipeline_graph(g, 2)
+>>> p.names.tolist()
+['fc/mb0', 'fc_grad/mb0', 'fc/mb1', 'fc_grad/mb1']
+>>> p.flops.tolist(), p.param_bytes.tolist()
+([4.0, 8.0, 4.0, 8.0], [8.0, 0.0, 8.0, 0.0])
+>>> list(zip(p.src.tolist(), p.dst.tolist()))  # fc -> fc_grad per micro-batch, accumulation
+[(0, 1), (1, 3), (2, 3)]
+>>> expand_order([1, 0], 2, 2).tolist()
+[1, 3, 0, 2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from travorder.errors import GraphError
+from travorder.graph.opgraph import OpGraph
+
+#: Separator between an op's name and its micro-batch in a pipelined graph.
+MICRO_BATCH_SEP = "/mb"
+
+
+def micro_batches(g: OpGraph) -> int:
+    """The number of micro-batches ``g`` was unrolled over (1 for a plain graph)."""
+    return int(g.meta.get("micro_batches", 1))
+
+
+def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
+    """``g`` (a training step) as a pipeline of ``m`` micro-batches (module docstring)."""
+    if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
+        raise GraphError(f"micro-batches must be an integer >= 1, got {m!r}")
+    if micro_batches(g) > 1:
+        raise GraphError(f"graph {g.name!r} is already pipelined "
+                         f"({micro_batches(g)} micro-batches)")
+    m, n = int(m), g.n_nodes
+    coloc, names = g.colocation.copy(), g.names.tolist()
+    if m > 1:  # an op without a group gets one, so that its copies share a device
+        free = coloc < 0
+        coloc[free] = coloc.max(initial=-1) + 1 + np.arange(int(free.sum()))
+        width = len(str(m - 1))
+        names = [f"{x}{MICRO_BATCH_SEP}{k:0{width}d}" for k in range(m) for x in names]
+    offsets = np.repeat(np.arange(m, dtype=np.int64) * n, g.n_edges)
+
+    group_params = np.zeros(int(coloc.max(initial=-1)) + 1)
+    np.add.at(group_params, coloc[coloc >= 0], g.param_bytes[coloc >= 0])
+    accumulates = g.is_backward & (coloc >= 0)
+    accumulates[accumulates] = group_params[coloc[accumulates]] > 0
+    acc = np.flatnonzero(accumulates)
+    acc_src = (np.arange(m - 1, dtype=np.int64)[:, None] * n + acc).ravel()
+
+    meta = dict(g.meta)
+    if m > 1:
+        meta["micro_batches"] = m
+    return g.replace(
+        names=names,
+        op_types=g.op_types.tolist() * m,
+        flops=np.tile(g.flops / m, m),
+        output_bytes=np.tile(g.output_bytes / m, m),
+        param_bytes=np.tile(g.param_bytes / m, m),
+        time_us=np.tile(g.time_us / m, m),
+        colocation=np.tile(coloc, m),
+        is_backward=np.tile(g.is_backward, m),
+        src=np.concatenate([np.tile(g.src, m) + offsets, acc_src]),
+        dst=np.concatenate([np.tile(g.dst, m) + offsets, acc_src + n]),
+        edge_bytes=np.concatenate([np.tile(g.edge_bytes / m, m), np.zeros(acc_src.size)]),
+        meta=meta,
+    )
+
+
+def micro_batch_graph(p: OpGraph) -> OpGraph:
+    """Micro-batch 0 of pipelined graph ``p``: the training step it was unrolled from, with
+    the original names and ``1/m`` of the costs (``p`` itself if it is not pipelined)."""
+    m = micro_batches(p)
+    if m == 1:
+        return p
+    n = p.n_nodes // m
+    keep = (p.src < n) & (p.dst < n)
+    cut = len(MICRO_BATCH_SEP) + len(str(m - 1))
+    meta = {k: v for k, v in p.meta.items() if k != "micro_batches"}
+    return OpGraph(
+        [x[:-cut] for x in p.names[:n].tolist()], p.src[keep], p.dst[keep],
+        op_types=p.op_types[:n], flops=p.flops[:n], output_bytes=p.output_bytes[:n],
+        param_bytes=p.param_bytes[:n], time_us=p.time_us[:n], colocation=p.colocation[:n],
+        is_backward=p.is_backward[:n], edge_bytes=p.edge_bytes[keep], meta=meta,
+    )
+
+
+def expand_order(order: Sequence[int] | np.ndarray, n: int, m: int) -> np.ndarray:
+    """An order of micro-batch 0's ``n`` nodes as an order of the ``m``-micro-batch graph:
+    each node followed at once by its other copies, in micro-batch order."""
+    base = np.asarray(order, dtype=np.int64)
+    return (base[:, None] + np.arange(m, dtype=np.int64) * n).ravel()

@@ -1,0 +1,224 @@
+"""Study scenarios: how a (graph, cluster) pair is transformed before placement.
+
+A `Scenario` is a study axis beside graphs x clusters x orders x seeds:
+
+- ``batch``: ``"export"`` (the batch the graph was exported at, its ``batch_size``),
+  ``"train"`` (a realistic training batch for its family, `training_batch`) or a number;
+  the forward graph is re-costed by `travorder.graph.batch.scale_batch`;
+- ``micro_batches``: the training step pipelined over this many micro-batches
+  (`travorder.graph.pipeline.pipeline_graph`; 1: the plain step);
+- ``memory``: every device's memory set to this fraction of the step's single-device
+  peak (1.0: it just fits; 0.5: at least two devices are needed); unset: the cluster's;
+- ``coarsen_max_nodes``: overrides the spec's coarsening for this scenario (applied
+  before pipelining, so a pipelined graph has up to ``m`` times as many nodes).
+
+The order of the transformations: batch, training step, coarsening, pipelining, memory.
+A scenario's ``name`` (derived when not given) goes into the job key, the store and the
+dataset.
+
+>>> s = Scenario(batch="train", micro_batches=4)
+>>> s.name
+'batch=train,mb=4'
+>>> from travorder.datasets.synthetic import chain
+>>> g = s.prepare(chain(0, n_layers=3), training=True, coarsen_max_nodes=0)
+>>> g.n_nodes, g.meta["micro_batches"], g.meta["batch_size"]
+(64, 4, 64)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from travorder.errors import TravorderError
+from travorder.featurize.scenario import scenario_features
+from travorder.graph import OpGraph, prepare_graph
+from travorder.graph.batch import scale_batch
+from travorder.graph.pipeline import pipeline_graph
+from travorder.placement import Cluster, Simulator, compute_times
+from travorder.placement.placers.heuristics import single
+
+#: The keys a scenario table may have.
+SCENARIO_KEYS = ("name", "batch", "micro_batches", "memory", "coarsen_max_nodes")
+
+#: Training batch per family where it differs from the default of its kind (below).
+FAMILY_TRAINING_BATCH: Mapping[str, int] = {
+    "video_resnet": 8, "s3d": 8,                       # video clips
+    "deeplab": 16, "fcn": 16, "segformer": 16,         # segmentation at full resolution
+    "whisper": 8, "wav2vec2": 8,                       # audio
+    "vit": 64, "clip": 32, "vision_encoder_decoder": 16,
+}
+#: Training batch of sequence models (text transformers, the synthetic rnn, seq2seq and
+#: transformer families) and of everything else (image models).
+SEQUENCE_TRAINING_BATCH, IMAGE_TRAINING_BATCH = 16, 64
+_SEQUENCE_FAMILIES = frozenset({"rnn", "seq2seq", "transformer"})
+
+
+def training_batch(graph: OpGraph) -> int:
+    """A realistic training batch for ``graph``'s family (docs/study.md lists them):
+    16 sequences for text models, 64 images for image models, less for video, audio and
+    segmentation.
+
+    >>> from travorder.datasets.synthetic import chain, rnn
+    >>> training_batch(chain(0)), training_batch(rnn(0))
+    (64, 16)
+    """
+    family = str(graph.meta.get("family") or "")
+    if family in FAMILY_TRAINING_BATCH:
+        return FAMILY_TRAINING_BATCH[family]
+    source = str(graph.meta.get("source") or "")
+    if source.startswith("transformers:") or family in _SEQUENCE_FAMILIES:
+        return SEQUENCE_TRAINING_BATCH
+    return IMAGE_TRAINING_BATCH
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One scenario (see the module docstring); validated on construction."""
+
+    batch: str | int = "export"
+    micro_batches: int = 1
+    memory: float | None = None
+    coarsen_max_nodes: int | None = None
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        b = self.batch
+        if not (b in ("export", "train") or (isinstance(b, int) and not isinstance(b, bool)
+                                             and b >= 1)):
+            raise TravorderError(f"scenario batch must be \"export\", \"train\" or an "
+                                 f"integer >= 1, got {b!r}")
+        m = self.micro_batches
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise TravorderError(f"scenario micro_batches must be an integer >= 1, got {m!r}")
+        f = self.memory
+        if f is not None and (isinstance(f, bool) or not isinstance(f, int | float)
+                              or not 0 < f <= 1):
+            raise TravorderError(f"scenario memory must be a fraction in (0, 1] of the "
+                                 f"single-device peak, got {f!r}")
+        c = self.coarsen_max_nodes
+        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 0):
+            raise TravorderError(f"scenario coarsen_max_nodes must be an integer >= 0, "
+                                 f"got {c!r}")
+        if not isinstance(self.name, str):
+            raise TravorderError(f"scenario name must be a string, got {self.name!r}")
+        if not self.name:
+            object.__setattr__(self, "name", self._derived_name())
+
+    def _derived_name(self) -> str:
+        parts = [f"batch={self.batch}"]
+        if self.micro_batches > 1:
+            parts.append(f"mb={self.micro_batches}")
+        if self.memory is not None:
+            parts.append(f"mem={self.memory:g}")
+        if self.coarsen_max_nodes is not None:
+            parts.append(f"coarsen={self.coarsen_max_nodes}")
+        return ",".join(parts)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "scenario") -> Scenario:
+        """A scenario from a spec table; unknown keys are an error."""
+        if not isinstance(data, Mapping):
+            raise TravorderError(f"{where} must be a table")
+        bad = sorted(set(data) - set(SCENARIO_KEYS))
+        if bad:
+            raise TravorderError(f"{where}: unknown scenario key {bad[0]!r} (expected "
+                                 f"{', '.join(SCENARIO_KEYS)})")
+        try:
+            return cls(**data)
+        except TravorderError as exc:
+            raise TravorderError(f"{where}: {exc}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The definition (what the job's config hash covers)."""
+        return dataclasses.asdict(self)
+
+    def batch_for(self, graph: OpGraph) -> int | None:
+        """The batch ``graph`` is costed at in this scenario (None: as exported)."""
+        if self.batch == "export":
+            return None
+        return training_batch(graph) if self.batch == "train" else int(self.batch)
+
+    def prepare(self, graph: OpGraph, training: bool, coarsen_max_nodes: int) -> OpGraph:
+        """The graph a placer sees: batch, training step, coarsening, pipelining."""
+        batch = self.batch_for(graph)
+        g = graph if batch is None else scale_batch(graph, batch)
+        coarsen = coarsen_max_nodes if self.coarsen_max_nodes is None \
+            else self.coarsen_max_nodes
+        return pipeline_graph(prepare_graph(g, training, coarsen), self.micro_batches)
+
+    def cluster_for(self, prepared: OpGraph, cluster: Cluster) -> Cluster:
+        """``cluster`` with its memory set from the scenario's fraction of ``prepared``'s
+        single-device peak (``cluster`` itself when the scenario sets no memory)."""
+        if self.memory is None:
+            return cluster
+        capacity = self.memory * single_device_peak(prepared, cluster)
+        return dataclasses.replace(
+            cluster, devices=tuple(dataclasses.replace(d, memory=float(capacity))
+                                   for d in cluster.devices))
+
+
+#: The scenario of a spec without scenarios: the graph as exported, one training step.
+DEFAULT_SCENARIO = Scenario()
+
+
+def single_device_peak(graph: OpGraph, cluster: Cluster) -> float:
+    """Peak memory (bytes) of ``graph``'s step with every node on the device `single`
+    picks."""
+    placement = single(graph, cluster, np.arange(graph.n_nodes), 0)
+    return float(Simulator(graph, cluster).run(placement).peak_memory.max(initial=0.0))
+
+
+def features_of(graph: OpGraph, cluster: Cluster) -> dict[str, float]:
+    """`travorder.featurize.scenario.scenario_features` of a prepared graph on a cluster:
+    compute times on the fastest device, the single-device peak from the simulator."""
+    times = compute_times(graph, cluster)
+    fastest = int(np.argmin(times.sum(axis=0))) if graph.n_nodes else 0
+    return scenario_features(graph, cluster, times[:, fastest] if graph.n_nodes else [],
+                             single_device_peak(graph, cluster))
+
+
+def parse_scenarios(value: Any, where: str) -> tuple[Scenario, ...]:
+    """The ``scenarios`` of a spec: a list of tables (``[[scenarios]]``), each one
+    scenario, or one table whose keys hold lists, for their product.
+
+    >>> [s.name for s in parse_scenarios({"batch": ["export", "train"],
+    ...                                   "micro_batches": [1, 4]}, "spec")]
+    ['batch=export', 'batch=export,mb=4', 'batch=train', 'batch=train,mb=4']
+    """
+    if isinstance(value, list):
+        if not value:
+            raise TravorderError(f"{where}: scenarios is an empty list")
+        out = [Scenario.from_dict(item, f"{where}: scenarios[{i}]")
+               for i, item in enumerate(value)]
+    elif isinstance(value, Mapping):
+        bad = sorted(set(value) - set(SCENARIO_KEYS) - {"name"})
+        if bad or "name" in value:
+            key = (bad or ["name"])[0]
+            raise TravorderError(f"{where}: unknown scenario key {key!r} in [scenarios] "
+                                 f"(expected {', '.join(SCENARIO_KEYS[1:])}; name a "
+                                 f"scenario in a [[scenarios]] list)")
+        axes = {k: v if isinstance(v, list) else [v] for k, v in value.items()}
+        for k, v in axes.items():
+            if not v:
+                raise TravorderError(f"{where}: scenarios.{k} is an empty list")
+        out = [Scenario()]
+        for key, values in axes.items():
+            out = [Scenario.from_dict({**_fields(s), key: v}, f"{where}: scenarios")
+                   for s in out for v in values]
+    else:
+        raise TravorderError(f"{where}: scenarios must be a table or a list of tables")
+    names = [s.name for s in out]
+    dup = sorted({x for x in names if names.count(x) > 1})
+    if dup:
+        raise TravorderError(f"{where}: two scenarios are named {dup[0]!r}")
+    return tuple(out)
+
+
+def _fields(s: Scenario) -> dict[str, Any]:
+    return {k: v for k, v in s.to_dict().items()
+            if k != "name" and v != getattr(DEFAULT_SCENARIO, k)}

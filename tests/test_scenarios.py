@@ -1,0 +1,247 @@
+"""Study scenarios: pipelined micro-batches, batch scaling, memory pressure, the
+single-device floor and construction ties."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.strategies import random_dags
+from travorder.cli import main
+from travorder.datasets.synthetic import chain
+from travorder.errors import GraphError, TravorderError
+from travorder.graph import OpGraph, training_graph
+from travorder.graph.batch import scale_batch
+from travorder.graph.pipeline import expand_order, micro_batch_graph, pipeline_graph
+from travorder.placement import Simulator, load_cluster, place, traversal_order
+from travorder.placement.placers.heuristics import single
+from travorder.study import run_study
+from travorder.study.export import dataset_frame
+from travorder.study.scenarios import Scenario, parse_scenarios, single_device_peak
+from travorder.study.spec import StudySpec
+
+K80 = load_cluster("k80x3")
+
+
+def _train(g: OpGraph) -> OpGraph:
+    return training_graph(g.replace(meta={"batch_size": 2}))
+
+
+# ------------------------------------------------------------------ pipeline graph
+@settings(max_examples=40, deadline=None)
+@given(random_dags(max_nodes=20), st.integers(0, 2**31 - 1))
+def test_one_micro_batch_is_the_training_step(g, seed):
+    t = _train(g)
+    p = pipeline_graph(t, 1)
+    assert p == t
+    placements = np.random.default_rng(seed).integers(0, 3, (5, t.n_nodes))
+    a, b = Simulator(t, K80), Simulator(p, K80)
+    for x in placements:
+        ra, rb = a.run(x), b.run(x)
+        assert ra.step_time_us == rb.step_time_us
+        assert ra.peak_memory.tolist() == rb.peak_memory.tolist()
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_dags(max_nodes=15), st.integers(2, 6))
+def test_one_device_grows_with_micro_batches_only_by_launch_gaps(g, m):
+    t = _train(g)
+    p = pipeline_graph(t, m)
+    assert p.n_nodes == m * t.n_nodes
+    one = Simulator(t, K80).run(np.zeros(t.n_nodes, dtype=np.int64)).step_time_us
+    many = Simulator(p, K80).run(np.zeros(p.n_nodes, dtype=np.int64)).step_time_us
+    gap = K80.devices[0].launch_us
+    assert many == pytest.approx(one + (m - 1) * t.n_nodes * gap, rel=1e-9)
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_dags(max_nodes=15), st.integers(2, 5))
+def test_copies_share_costs_params_and_devices(g, m):
+    t = _train(g)
+    p = pipeline_graph(t, m)
+    n = t.n_nodes
+    assert p.flops.sum() == pytest.approx(t.flops.sum())
+    assert p.param_bytes.sum() == pytest.approx(t.param_bytes.sum())  # counted once
+    assert np.allclose(p.output_bytes.reshape(m, n).sum(axis=0), t.output_bytes)
+    for copy in range(m):
+        assert (p.colocation[copy * n:(copy + 1) * n] == p.colocation[:n]).all()
+    base = micro_batch_graph(p)
+    assert base.names.tolist() == t.names.tolist()
+    assert np.array_equal(base.src, t.src) and np.array_equal(base.dst, t.dst)
+    for placer in ("greedy", "random", "contiguous"):
+        r = place(p, K80, placer, "topo_lifo", seed=1)
+        per_op = r.placement.reshape(m, n)
+        assert (per_op == per_op[0]).all()  # every copy of an op on one device
+
+
+def test_weight_gradients_accumulate_across_micro_batches():
+    t = training_graph(chain(0, n_layers=2))
+    p = pipeline_graph(t, 3)
+    n = t.n_nodes
+    with_params = {int(c) for c in t.colocation[t.param_bytes > 0]}
+    acc = [i for i in range(n) if t.is_backward[i] and t.colocation[i] in with_params]
+    edges = set(zip(p.src.tolist(), p.dst.tolist(), strict=True))
+    for i in acc:
+        assert {(i, n + i), (n + i, 2 * n + i)} <= edges
+    # the step ends with the last micro-batch's backward pass
+    r = Simulator(p, K80).run(np.zeros(p.n_nodes, dtype=np.int64))
+    assert int(np.argmax(r.finish_us)) >= 2 * n
+
+
+def test_orders_of_a_pipelined_graph_keep_copies_together():
+    t = training_graph(chain(0, n_layers=3))
+    p = pipeline_graph(t, 4)
+    for name in ("topo", "alpha", "dfs_preorder", "critical_path"):
+        base = traversal_order(t, name)
+        assert traversal_order(p, name).tolist() == expand_order(base, t.n_nodes, 4).tolist()
+
+
+def test_pipeline_bad_input():
+    t = training_graph(chain(0, n_layers=2))
+    for m in (0, -1, 1.5, True):
+        with pytest.raises(GraphError, match="micro-batches must be an integer >= 1"):
+            pipeline_graph(t, m)
+    with pytest.raises(GraphError, match="already pipelined"):
+        pipeline_graph(pipeline_graph(t, 2), 2)
+
+
+# ------------------------------------------------------------------ batch
+@settings(max_examples=40, deadline=None)
+@given(random_dags(max_nodes=20, with_time=True), st.integers(1, 4), st.integers(1, 512))
+def test_batch_scaling_is_exact_and_leaves_parameters(g, exported, batch):
+    g = g.replace(meta={"batch_size": exported})
+    s = scale_batch(g, batch)
+    f = batch / exported
+    assert s.meta["batch_size"] == batch
+    assert np.array_equal(s.flops, g.flops * f)
+    assert np.array_equal(s.output_bytes, g.output_bytes * f)
+    assert np.array_equal(s.edge_bytes, g.edge_bytes * f)
+    assert np.array_equal(s.time_us, g.time_us * f)
+    assert np.array_equal(s.param_bytes, g.param_bytes)
+
+
+def test_batch_bad_input():
+    g = chain(0, n_layers=2)
+    for b in (0, -4, 2.5):
+        with pytest.raises(GraphError, match="batch must be an integer >= 1"):
+            scale_batch(g, b)
+    with pytest.raises(GraphError, match="records no batch_size"):
+        scale_batch(OpGraph(["a"], [], []), 8)
+
+
+# ------------------------------------------------------------------ memory and floor
+def test_memory_fraction_sets_single_device_feasibility():
+    g = training_graph(chain(0, n_layers=6))
+    for fraction, fits in ((1.0, True), (0.5, False)):
+        c = Scenario(memory=fraction).cluster_for(g, K80)
+        assert {d.memory for d in c.devices} == {fraction * single_device_peak(g, K80)}
+        r = Simulator(g, c).run(single(g, c, None, 0))
+        assert r.feasible is fits
+
+
+def _loses_to_one_device() -> OpGraph:
+    """Two branches joined late: the inputs are huge and the compute tiny, so greedy's
+    split costs a transfer that one device never pays."""
+    return OpGraph(["a", "b", "c", "d"], [0, 0, 1, 2], [1, 2, 3, 3],
+                   time_us=[1.0, 40.0, 40.0, 1.0], edge_bytes=[1e3, 1e3, 3e7, 3e7],
+                   meta={"name": "fork"})
+
+
+def test_place_returns_the_floor_when_one_device_is_faster(tmp_path):
+    g = _loses_to_one_device()
+    own = place(g, K80, "round_robin", "topo")
+    assert own.speedup < 1 and not own.fallback
+    r = place(g, K80, "round_robin", "topo", floor=True)
+    assert r.fallback and r.placement.tolist() == [0, 0, 0, 0]
+    assert r.step_time_us == r.single_device_us == own.single_device_us
+    assert r.placer_step_time_us == own.step_time_us > r.step_time_us
+
+    from travorder.graph import save_graph
+
+    path = tmp_path / "fork.json.gz"
+    save_graph(g, path)
+    out = tmp_path / "p.json"
+    assert main(["place", str(path), "--forward-only", "--placer", "round_robin",
+                 "-o", str(out), "--json"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["fallback"] is True and set(doc["placement"].values()) == {0}
+
+
+# ------------------------------------------------------------------ scenarios in a study
+def test_scenario_names_and_product():
+    assert Scenario().name == "batch=export"
+    assert Scenario(batch=32, memory=0.5).name == "batch=32,mem=0.5"
+    both = parse_scenarios([{"batch": "train", "micro_batches": 4, "name": "pipe"},
+                            {"memory": 0.75}], "spec")
+    assert [s.name for s in both] == ["pipe", "batch=export,mem=0.75"]
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"batch": 0}, "batch must be"),
+    ({"batch": "huge"}, "batch must be"),
+    ({"micro_batches": 0}, "micro_batches must be an integer >= 1"),
+    ({"memory": 0.0}, r"memory must be a fraction in \(0, 1\]"),
+    ({"memory": 1.5}, r"memory must be a fraction in \(0, 1\]"),
+    ({"memroy": 0.5}, "unknown scenario key 'memroy'"),
+])
+def test_bad_scenarios_are_one_line_and_write_nothing(tmp_path, capsys, table, message):
+    lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in table.items())
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "s"\nclusters = ["k80x3"]\norders = ["topo"]\n'
+                    '[placer]\nname = "greedy"\n[graphs]\n'
+                    'synthetic = [{family = "chain"}]\n[[scenarios]]\n' + lines + "\n")
+    store = tmp_path / "s.sqlite"
+    assert main(["study", "run", str(spec), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert re.search(message, err)
+    assert not store.exists()
+
+
+def _spec(**scenario) -> StudySpec:
+    return StudySpec.from_dict({
+        "name": "s", "clusters": ["k80x3"], "orders": ["reversed_topo", "dfs_postorder",
+                                                       "topo"],
+        "placer": {"name": "greedy"}, "scenarios": [scenario],
+        "graphs": {"synthetic": [{"family": "chain", "seeds": [0],
+                                  "params": {"n_layers": 4}}]}})
+
+
+def test_study_records_scenarios_floor_and_construction_ties(tmp_path):
+    store = tmp_path / "s.sqlite"
+    run_study(_spec(batch="train", micro_batches=2), store, progress=False)
+    row = dataset_frame(store).iloc[0]
+    assert row["scenario"] == "batch=train,mb=2" and row["s_micro_batches"] == 2
+    assert row["s_log_batch"] == pytest.approx(np.log10(64))
+    assert row["single_device_feasible"] and row["speedup"] > 0
+    # on a chain, reversed_topo and dfs_postorder visit the same sequence
+    assert "reversed_topo=dfs_postorder" in row["construction_ties"].split(";")
+    group = {"reversed_topo", "dfs_postorder"}
+    if row["best_order"] in group:
+        assert row["second_order"] == "topo" and set(row["ties"].split(",")) >= group
+    with sqlite3.connect(store) as db:
+        scenarios = {r[0] for r in db.execute("SELECT scenario FROM jobs")}
+    assert scenarios == {"batch=train,mb=2"}
+
+
+def test_infeasible_scenario_is_reported_not_dropped(tmp_path):
+    store = tmp_path / "s.sqlite"
+    run_study(_spec(memory=0.01), store, progress=False)
+    data = dataset_frame(store)
+    assert len(data) == 1
+    row = data.iloc[0]
+    assert not row["single_device_feasible"] and np.isnan(row["speedup"])
+    assert row["feasible_topo"] == 0.0 and row["s_memory_pressure"] == pytest.approx(100)
+
+
+def test_scenario_errors_name_the_spec():
+    with pytest.raises(TravorderError, match="two scenarios are named 'batch=export'"):
+        parse_scenarios([{}, {"batch": "export"}], "spec")
+    with pytest.raises(TravorderError, match="empty list"):
+        parse_scenarios([], "spec")
