@@ -6,7 +6,12 @@ transformer graphs as training graphs coarsened to 1000 nodes, four orders, two 
 process) and with 2 loky workers; jobs per second over the whole `run_study` call (graph
 preparation and worker start included) and the scaling ratio.
 
-Part 2, overhead: a near no-op job (placer ``single`` on a two-node graph, one job per
+Part 2, the bundled greedy study (`src/travorder/study/specs/greedy.toml`: every order,
+three clusters, five scenarios) on a sample of its corpus graphs (every 20th; ``--quick``:
+every 60th) with 2 loky workers: jobs per second, and the wall time that rate projects
+for the whole spec.
+
+Part 3, overhead: a near no-op job (placer ``single`` on a two-node graph, one job per
 order x seed) timed three ways: `run_job` called directly, the store's `record` alone,
 and whole `run_study` runs per backend. The backend's overhead per job is the runner's
 time per job minus the direct call and the store write.
@@ -26,8 +31,10 @@ from rich.console import Console
 from rich.table import Table
 
 from travorder.placement import load_cluster
-from travorder.study import ResultStore, StudySpec, run_study
-from travorder.study.jobs import make_job, run_job
+from travorder.study import ResultStore, StudySpec, load_spec, run_study
+from travorder.study.jobs import make_job, run_job, spec_jobs
+
+BUNDLED = Path(__file__).resolve().parents[1] / "src/travorder/study/specs/greedy.toml"
 
 GREEDY = {
     "name": "bench-greedy", "orders": ["topo", "topo_lifo", "dfs_preorder", "bfs"],
@@ -45,6 +52,21 @@ def throughput(workers: int, quick: bool, tmp: Path) -> dict[str, float]:
     summary = run_study(spec, tmp / f"greedy-{workers}.sqlite", jobs=workers, progress=False)
     return {"jobs": summary.ran, "wall_s": summary.wall_s,
             "jobs_per_s": summary.ran / summary.wall_s}
+
+
+def bundled(quick: bool, tmp: Path) -> dict[str, float]:
+    full = load_spec(BUNDLED)
+    graphs = full.select_graphs()
+    total = len(spec_jobs(full, graphs))
+    names = sorted(g.name for g in graphs)[::60 if quick else 20]
+    doc = full.to_dict()
+    doc["graphs"] = {**doc["graphs"], "corpus": {"names": names}}
+    doc["clusters"] = [c.name for c in full.clusters]
+    summary = run_study(StudySpec.from_dict(doc), tmp / "bundled.sqlite", jobs=2,
+                        progress=False)
+    rate = summary.ran / summary.wall_s
+    return {"graphs": len(names), "jobs": summary.ran, "wall_s": summary.wall_s,
+            "jobs_per_s": rate, "full_jobs": total, "projected_min": total / rate / 60}
 
 
 def noop_spec(seeds: int) -> StudySpec:
@@ -99,6 +121,12 @@ def main() -> None:
         console.print(table)
         ratio = two["jobs_per_s"] / one["jobs_per_s"]
         console.print(f"scaling 2 vs 1 workers: {ratio:.2f}x")
+        big = bundled(args.quick, tmp)
+        console.print(
+            f"bundled greedy study on {big['graphs']} of its graphs, 2 workers: "
+            f"{big['jobs']} jobs in {big['wall_s']:.1f} s ({big['jobs_per_s']:.1f} jobs/s); "
+            f"the whole spec ({big['full_jobs']} jobs) projects to "
+            f"{big['projected_min']:.0f} min")
         backends = [("loky", 1), ("loky", 2)] + ([("ray", 2)] if args.ray else [])
         # loky1 runs in this process: the runner's own cost, no backend.
         over = overhead(10 if args.quick else 30, backends, tmp)
@@ -111,7 +139,8 @@ def main() -> None:
         console.print(table)
     if args.json:
         Path(args.json).write_text(json.dumps(
-            {"throughput": {"1": one, "2": two, "scaling": ratio}, "overhead": over},
+            {"throughput": {"1": one, "2": two, "scaling": ratio}, "bundled": big,
+             "overhead": over},
             indent=2))
 
 

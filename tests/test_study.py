@@ -24,7 +24,7 @@ from travorder.placement.placers.heuristics import greedy
 from travorder.study import ResultStore, StudySpec, load_spec, run_study
 from travorder.study.export import dataset_frame, export_dataset, load_dataset
 from travorder.study.jobs import make_job, run_job
-from travorder.study.report import recommendations, write_report
+from travorder.study.report import recommendations, scenario_summary, write_report
 from travorder.study.store import OUTCOME_COLUMNS, decode_placement
 
 SMALL = {
@@ -383,16 +383,26 @@ def test_report_writes_page_and_figures(tmp_path):
     _hand_store(tmp_path / "h.sqlite")
     files = write_report(tmp_path / "h.sqlite", tmp_path / "report")
     names = sorted(p.name for p in files)
-    assert names == ["index.html", "ratio_greedy_k80x3.png", "wins_greedy_k80x3.png"]
+    assert names == ["index.html", "ratio_greedy_batch_export.png",
+                     "wins_greedy_batch_export.png"]
     assert all(p.stat().st_size > 1000 for p in files)
     page = (tmp_path / "report" / "index.html").read_text()
-    assert ("<b>fam</b> (greedy): use <code>bfs</code> (as good within 1%: dfs_postorder): "
-            "win share 33% (orders tied for best share a win), 1.000x the best") in page
-    rec = recommendations(dataset_frame(tmp_path / "h.sqlite")).iloc[0]
-    # Three tied orders share the win; bfs has the lowest ratio (1.0) among them.
-    assert (rec["recommended"], rec["win_share"]) == ("bfs", pytest.approx(1 / 3))
-    assert rec["equivalent"] == "bfs,dfs_postorder"  # 95.5 / 95 is within 1%
+    assert ("<b>fam</b> (greedy): use <code>bfs</code> (as good within 1%: lexico_topo, "
+            "dfs_postorder) in batch=export: win share 25% (orders tied for best share a "
+            "win), 1.000x the best") in page
+    data = dataset_frame(tmp_path / "h.sqlite")
+    rec = recommendations(data).iloc[0]
+    # Four tied orders share the win; bfs has the lowest ratio (1.0) and name among them.
+    assert (rec["recommended"], rec["win_share"]) == ("bfs", pytest.approx(1 / 4))
+    assert rec["equivalent"] == "bfs,lexico_topo,dfs_postorder"  # 95.5 / 95 is within 1%
     assert rec["topo_ratio"] == pytest.approx(100 / 95)
+    summary = scenario_summary(data).iloc[0].to_dict()
+    assert summary == {
+        "placer": "greedy", "scenario": "batch=export", "cluster": "k80x3", "rows": 1,
+        "one_device_infeasible": 0.0, "beats_one_device": 1.0, "median_speedup": 2.0,
+        "no_feasible": 0, "order_matters_5pct": 1.0, "beyond_noise": 0.0, "both": 0.0,
+        "median_gap_second": pytest.approx(0.5 / 95)}
+    assert "Where placement and the order matter" in page
 
 
 def test_report_draws_rl_learning_curves(tmp_path):

@@ -148,13 +148,15 @@ def _row(key: tuple[Any, ...], jobs: Any, orders: list[str], rel_tol: float
     worst = max(ran, key=lambda o: (times[o], o))
     first = jobs.iloc[0]
     single_ok = bool(first["single_device_feasible"])
+    single_us = np.nan if first["single_device_us"] is None else float(
+        first["single_device_us"])
     rec.update({
         "study_hash": first["study_hash"],
-        "single_device_us": float(first["single_device_us"]),
+        "single_device_us": single_us,
         "single_device_feasible": single_ok,
         "best_order": best, "best_time_us": times[best],
         "ties": ",".join(ties), "n_ties": len(ties),
-        "speedup": float(first["single_device_us"]) / times[best] if single_ok else np.nan,
+        "speedup": single_us / times[best] if single_ok else np.nan,
         "construction_ties": ";".join("=".join(g) for g in groups),
         "worst_order": worst, "gap_worst": times[worst] / times[best] - 1,
         "second_order": others[0] if others else None,

@@ -1,16 +1,22 @@
 """The study report: an HTML page with PNG figures and a recommendations table.
 
-For each placer and cluster in the store:
+The scenario table gives, per placer, scenario and cluster (`scenario_summary`): the
+rows, the share where one device cannot hold the step, the share where the best
+placement beats one device, the median speed-up over one device, and the share where the
+order matters: the best order beats the worst by more than 5%, and beats the second
+(the fastest order that is not a construction tie of the best) beyond noise.
 
-- ``wins_<placer>_<cluster>.png``: per family, the winning share of each order (a graph
+For each placer and scenario in the store (clusters pooled):
+
+- ``wins_<placer>_<scenario>.png``: per family, the winning share of each order (a graph
   whose best order is tied with others credits each of them ``1 / n_ties``) and its mean
   rank (1 = fastest; tied medians share the average rank), as heatmaps;
-- ``ratio_<placer>_<cluster>.png``: per order, the ratio of its step time to the best
+- ``ratio_<placer>_<scenario>.png``: per order, the ratio of its step time to the best
   order's on each graph (box plot over graphs, points for the graphs);
 - ``curves_<cluster>.png`` (when the store has ``rl`` runs): the mean RL learning curve
   per order, each run's step time per episode divided by its first episode's.
 
-The recommendations table gives, per placer and family (over its clusters), the order
+The recommendations table gives, per placer, scenario and family (over its clusters), the order
 with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
 that ratio, its winning share, the runner-up, and the ratio of ``topo`` for comparison.
 
@@ -51,7 +57,7 @@ def win_shares(data: Any) -> Any:
 
 
 def ratios(data: Any) -> Any:
-    """Per row, each order's median step time divided by the best order's; infinite for
+    """Per row, each order's mean step time divided by the best order's; infinite for
     an order with an infeasible seed where the best order is feasible (it would not run).
     """
     orders = dataset_orders(data)
@@ -67,7 +73,7 @@ def ratios(data: Any) -> Any:
 
 
 def ranks(data: Any) -> Any:
-    """Per row, each order's rank by median step time (1 = fastest, ties averaged)."""
+    """Per row, each order's rank by mean step time (1 = fastest, ties averaged)."""
     return ratios(data).rank(axis=1, method="average")
 
 
@@ -79,13 +85,15 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
 
     rows = []
     wins, ratio = win_shares(data), ratios(data)
-    for (placer, family), idx in data.groupby(["placer", "family"]).groups.items():
+    for (placer, scenario, family), idx in data.groupby(
+            ["placer", "scenario", "family"]).groups.items():
         share = wins.loc[idx].mean()
         geo = np.exp(np.log(ratio.loc[idx]).mean())
         ranked = sorted(share.index, key=lambda o: (geo[o], -share[o], o))
         best, second = ranked[0], ranked[1] if len(ranked) > 1 else None
         rows.append({
-            "placer": placer, "family": family, "graphs": len(idx),
+            "placer": placer, "scenario": scenario, "family": family,
+            "graphs": int(data.loc[idx, "graph"].nunique()),
             "clusters": int(data.loc[idx, "cluster"].nunique()),
             "recommended": best,
             "equivalent": ",".join(o for o in ranked if geo[o] <= geo[best] * (1 + rel_tol)),
@@ -93,6 +101,47 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
             "mean_ratio": float(geo[best]),
             "runner_up": second, "runner_up_ratio": float(geo[second]) if second else None,
             "topo_ratio": float(geo["topo"]) if "topo" in geo else None,
+        })
+    return pd.DataFrame(rows)
+
+
+#: The gap between the best and the worst order above which the order matters (5%).
+MATTERS = 0.05
+
+
+def scenario_summary(data: Any, rel_tol: float = REL_TOL) -> Any:
+    """Per placer, scenario and cluster: ``rows``; ``one_device_infeasible`` (share of
+    rows where one device cannot hold the step); ``beats_one_device`` (share where the
+    best order's placement is feasible and, where one device fits, more than ``rel_tol``
+    faster than it); ``median_speedup`` over one device (rows where it fits);
+    ``no_feasible`` (rows where no order found a feasible placement);
+    ``order_matters_5pct`` (best vs worst order > `MATTERS`); ``beyond_noise`` (best vs
+    second beyond noise, `travorder.study.export.tied_with`); ``both`` (the two at once);
+    ``median_gap_second`` (second / best - 1)."""
+    import pandas as pd
+
+    orders = dataset_orders(data)
+    feasible = data[[f"feasible_{o}" for o in orders]].to_numpy() == 1.0
+    rows = []
+    for (placer, scenario, cluster), idx in data.groupby(
+            ["placer", "scenario", "cluster"], sort=False).groups.items():
+        part = data.loc[idx]
+        fits = part["single_device_feasible"].astype(bool)
+        best_ok = feasible[data.index.get_indexer(idx)].any(axis=1)
+        beats = best_ok & (~fits | (part["speedup"] > 1 + rel_tol))
+        matters = part["gap_worst"] > MATTERS
+        noise = ~part["second_tied"].astype(bool)
+        rows.append({
+            "placer": placer, "scenario": scenario, "cluster": cluster, "rows": len(part),
+            "one_device_infeasible": float((~fits).mean()),
+            "beats_one_device": float(beats.mean()),
+            "median_speedup": float(part.loc[fits, "speedup"].median()) if fits.any()
+            else np.nan,
+            "no_feasible": int((~best_ok).sum()),
+            "order_matters_5pct": float(matters.mean()),
+            "beyond_noise": float(noise.mean()),
+            "both": float((matters & noise).mean()),
+            "median_gap_second": float(part["gap_second"].median()),
         })
     return pd.DataFrame(rows)
 
@@ -189,7 +238,8 @@ def _sentence(r: Any, rel_tol: float) -> str:
     also = (f" (as good within {100 * rel_tol:g}%: {', '.join(others)})" if others else "")
     topo = f"; <code>topo</code> {r.topo_ratio:.3f}x" if r.topo_ratio else ""
     return (f"<li><b>{html.escape(r.family)}</b> ({html.escape(r.placer)}): use "
-            f"<code>{html.escape(r.recommended)}</code>{html.escape(also)}: win share "
+            f"<code>{html.escape(r.recommended)}</code>{html.escape(also)} in "
+            f"{html.escape(r.scenario)}: win share "
             f"{100 * r.win_share:.0f}% (orders tied for best share a win), "
             f"{r.mean_ratio:.3f}x the best on average{topo}</li>")
 
@@ -218,10 +268,11 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
     data = dataset_frame(store_path, rel_tol, study)
     written: list[Path] = []
     sections = []
-    for (placer, cluster), part in data.groupby(["placer", "cluster"]):
+    for (placer, scenario), part in data.groupby(["placer", "scenario"], sort=False):
         part = part.reset_index(drop=True)
-        tag = f"{_slug(placer)}_{_slug(cluster)}"
-        title = f"{placer} on {cluster}: {len(part)} graphs"
+        tag = f"{_slug(placer)}_{_slug(scenario)}"
+        clusters = ", ".join(sorted(part["cluster"].unique()))
+        title = f"{placer}, {scenario}: {len(part)} rows ({clusters})"
         wins_png, ratio_png = out / f"wins_{tag}.png", out / f"ratio_{tag}.png"
         _heatmaps(part, wins_png, title)
         _ratio_plot(part, ratio_png, title)
@@ -233,6 +284,7 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
     written += curves
     sections += ["<h2>RL learning curves</h2>\n" + "\n".join(
         f'<img src="{p.name}" alt="learning curves">' for p in curves)] if curves else []
+    summary = scenario_summary(data, rel_tol)
     recs = recommendations(data, rel_tol)
     sentences = "\n".join(_sentence(r, rel_tol) for r in recs.itertuples())
     source = html.escape(Path(store_path).name)
@@ -246,9 +298,17 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
 <style>body{{font-family:sans-serif;max-width:1200px;margin:auto}} img{{max-width:100%}}
 table.rec td, table.rec th{{padding:2px 8px;text-align:left}}</style></head><body>
 <h1>travorder study report</h1>
-<p>{len(data)} rows (graph x cluster x placer) from <code>{source}</code>.
-An order wins a graph when its median step time over the seeds is the best or within
-max({100 * rel_tol:g}%, the seed spread) of it (see docs/study.md).</p>
+<p>{len(data)} rows (graph x scenario x cluster x placer) from <code>{source}</code>.
+An order wins a row when its mean step time over the seeds is the best or tied with it:
+within max({100 * rel_tol:g}%, two standard errors of the difference); orders that
+visited the same sequence or reached the same placement are tied by construction (see
+docs/study.md).</p>
+<h2>Where placement and the order matter</h2>
+<p>Per scenario and cluster: the share of rows where one device cannot hold the step,
+where the best placement beats one device, the median speed-up over one device, the rows
+where no order found a feasible placement, and the share where the order matters (best
+vs worst order &gt; {100 * MATTERS:g}%; best vs second-best beyond noise; both).</p>
+{_table_html(summary)}
 <h2>Recommendations per network family</h2>
 <ul>
 {sentences}
