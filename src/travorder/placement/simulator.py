@@ -41,6 +41,9 @@ FINISH, SEND, DISPATCH = 0, 1, 2
 # ("remove_dependency" < "run_bus" < "run_dev"): an input arrives, a bus or a device takes
 # the next item of its queue.
 P_FINISH, P_ARRIVE, P_BUS, P_DEVICE = 0, 1, 2, 3
+# An event's key packs its kind above its id, so that keys order by kind, then id.
+KIND_SHIFT = 56
+ID_MASK = (1 << KIND_SHIFT) - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -389,9 +392,14 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     copy_dev = np.empty(cap, dtype=np.int64)
     copy_bytes = np.empty(cap)
     copy_left = np.empty(cap, dtype=np.int64)
+    # Transfers between one pair of devices start in the order they are granted (they
+    # share the sender's queue, or the pair's link), so the event heap holds only the
+    # next transfer of each pair; the others wait in a per-pair list (next_copy).
+    copy_start = np.empty(cap)
+    next_copy = np.empty(cap, dtype=np.int64)
+    pair_tail = np.full(n_dev * n_dev, -1, dtype=np.int64)
     rec = cap if record else 0
     tr_node = np.empty(rec, dtype=np.int64)
-    tr_start = np.empty(rec)
     tr_end = np.empty(rec)
     n_copies = 0
     moved = 0.0
@@ -400,8 +408,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     arrival = np.empty(n_dev)
     copy_id = np.empty(n_dev, dtype=np.int64)
 
-    # event heap: key = kind * big + id, compared after the time
-    big = n + m + n_dev + 1
+    # event heap of (time, kind << KIND_SHIFT | id)
     ev_cap = 3 * n + m + n_dev + 1
     ht = np.empty(ev_cap)
     hk = np.empty(ev_cap, dtype=np.int64)
@@ -413,15 +420,15 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             rq_size[d] = _rq_push(rq_t, rq_v, base[d], rq_size[d], 0.0, r)
     for d in range(n_dev):
         if rq_size[d] > 0:
-            n_ev = _ev_push(ht, hk, n_ev, 0.0, DISPATCH * big + d)
+            n_ev = _ev_push(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
 
     step = 0.0
     while n_ev > 0:
         t = ht[0]
         key = hk[0]
         n_ev = _ev_pop(ht, hk, n_ev)
-        kind = key // big
-        ident = key - kind * big
+        kind = key >> KIND_SHIFT
+        ident = key & ID_MASK
         if kind == DISPATCH:
             d = ident
             b = base[d]
@@ -435,13 +442,17 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             mem[d] += out_bytes[r]
             if mem[d] > peak[d]:
                 peak[d] = mem[d]
-            n_ev = _ev_push(ht, hk, n_ev, t + times[r, d], FINISH * big + r)
+            n_ev = _ev_push(ht, hk, n_ev, t + times[r, d], (FINISH << KIND_SHIFT) + r)
         elif kind == SEND:
             c = ident
             d = copy_dev[c]
             mem[d] += copy_bytes[c]
             if mem[d] > peak[d]:
                 peak[d] = mem[d]
+            nxt = next_copy[c]
+            next_copy[c] = -2  # sent
+            if nxt >= 0:
+                n_ev = _ev_push(ht, hk, n_ev, copy_start[nxt], (SEND << KIND_SHIFT) + nxt)
         else:
             r = ident
             d = pl[r]
@@ -495,17 +506,25 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                         end = s + dur
                         qfree[d, x] = end + busy_after
                     arrival[x] = end
-                    copy_id[x] = n_copies
-                    copy_dev[n_copies] = x
-                    copy_bytes[n_copies] = max_b[x]
-                    copy_left[n_copies] = n_cons[x]
+                    c = n_copies
+                    copy_id[x] = c
+                    copy_dev[c] = x
+                    copy_bytes[c] = max_b[x]
+                    copy_left[c] = n_cons[x]
+                    copy_start[c] = s
                     n_cons[x] = 0
                     if record:
-                        tr_node[n_copies] = r
-                        tr_start[n_copies] = s
-                        tr_end[n_copies] = end
+                        tr_node[c] = r
+                        tr_end[c] = end
                     moved += max_b[x]
-                    n_ev = _ev_push(ht, hk, n_ev, s, SEND * big + n_copies)
+                    next_copy[c] = -1
+                    q = d * n_dev + x
+                    last = pair_tail[q]
+                    pair_tail[q] = c
+                    if last >= 0 and next_copy[last] == -1:  # last not sent yet: queue c
+                        next_copy[last] = c
+                    else:
+                        n_ev = _ev_push(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
                     n_copies += 1
             for k in range(o0, o1):
                 u = odst[k]
@@ -520,13 +539,13 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                     rq_size[x] = _rq_push(rq_t, rq_v, b, rq_size[x], ready[u], u)
                     if not running[x] and rq_v[b] == u:
                         s = ready[u] if ready[u] > free_at[x] else free_at[x]
-                        n_ev = _ev_push(ht, hk, n_ev, s, DISPATCH * big + x)
+                        n_ev = _ev_push(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
             if rq_size[d] > 0:
-                u_t = rq_t[base[d]]
-                n_ev = _ev_push(ht, hk, n_ev, u_t if u_t > t else t, DISPATCH * big + d)
+                rt = rq_t[base[d]]
+                n_ev = _ev_push(ht, hk, n_ev, rt if rt > t else t, (DISPATCH << KIND_SHIFT) + d)
     k = n_copies if record else 0
     return (step, _to_nodes(start, node_at), _to_nodes(finish, node_at), busy, peak, moved,
-            n_copies, tr_node[:k], tr_start[:k], tr_end[:k], copy_bytes[:k].copy(),
+            n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
             copy_dev[:k].copy(), np.arange(k))
 
 
@@ -634,7 +653,8 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
     n_cons = np.zeros(n_dev, dtype=np.int64)
     copy_id = np.empty(n_dev, dtype=np.int64)
 
-    big = n * n + n_dev + 1  # an arrival's id: producer's then consumer's name rank
+    # event heap of (time, kind << KIND_SHIFT | id); an arrival's id: the producer's and
+    # then the consumer's name rank
     ev_cap = 2 * n + m + 2 * n_dev + 1
     ht = np.empty(ev_cap)
     hk = np.empty(ev_cap, dtype=np.int64)
@@ -646,15 +666,15 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
         dq_tail[d] += 1
         if not dev_pending[d]:
             dev_pending[d] = True
-            n_ev = _ev_push(ht, hk, n_ev, 0.0, P_DEVICE * big + d)
+            n_ev = _ev_push(ht, hk, n_ev, 0.0, (P_DEVICE << KIND_SHIFT) + d)
 
     step = 0.0
     while n_ev > 0:
         t = ht[0]
         key = hk[0]
         n_ev = _ev_pop(ht, hk, n_ev)
-        kind = key // big
-        ident = key - kind * big
+        kind = key >> KIND_SHIFT
+        ident = key & ID_MASK
         if t > step:
             step = t
         if kind == P_FINISH:
@@ -681,7 +701,7 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
                 dq_tail[d] += 1
                 if not dev_pending[d]:
                     dev_pending[d] = True
-                    n_ev = _ev_push(ht, hk, n_ev, t, P_DEVICE * big + d)
+                    n_ev = _ev_push(ht, hk, n_ev, t, (P_DEVICE << KIND_SHIFT) + d)
         elif kind == P_BUS:
             d = ident
             if bq_head[d] == bq_tail[d]:
@@ -689,7 +709,7 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
                 continue
             r = bq[bq_head[d]]
             if finish[r] > t:  # the tensor is not computed yet
-                n_ev = _ev_push(ht, hk, n_ev, finish[r], P_BUS * big + d)
+                n_ev = _ev_push(ht, hk, n_ev, finish[r], (P_BUS << KIND_SHIFT) + d)
                 continue
             bq_head[d] += 1
             end = t + (bus_lat[d] + tensor[r] / bus_bw[d])
@@ -698,7 +718,7 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
                 x = pl[odst[k]]
                 if x != d:
                     n_cons[x] += 1
-                    n_ev = _ev_push(ht, hk, n_ev, end, P_ARRIVE * big
+                    n_ev = _ev_push(ht, hk, n_ev, end, (P_ARRIVE << KIND_SHIFT)
                                     + name_rank[r] * n + name_rank[odst[k]])
             for x in range(n_dev):
                 if n_cons[x] == 0:
@@ -723,7 +743,7 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
                 tr_end[n_tr] = end
             n_tr += 1
             moved += nb
-            n_ev = _ev_push(ht, hk, n_ev, end + busy_after, P_BUS * big + d)
+            n_ev = _ev_push(ht, hk, n_ev, end + busy_after, (P_BUS << KIND_SHIFT) + d)
         else:
             d = ident
             if dq_head[d] == dq_tail[d]:
@@ -738,12 +758,12 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
             mem[d] += out_bytes[r]
             if mem[d] > peak[d]:
                 peak[d] = mem[d]
-            n_ev = _ev_push(ht, hk, n_ev, end + gap[r, d], P_DEVICE * big + d)
-            n_ev = _ev_push(ht, hk, n_ev, end, P_FINISH * big + r)
+            n_ev = _ev_push(ht, hk, n_ev, end + gap[r, d], (P_DEVICE << KIND_SHIFT) + d)
+            n_ev = _ev_push(ht, hk, n_ev, end, (P_FINISH << KIND_SHIFT) + r)
             remote = False
             for k in range(optr[r], optr[r + 1]):
                 if pl[odst[k]] == d:
-                    n_ev = _ev_push(ht, hk, n_ev, end, P_ARRIVE * big
+                    n_ev = _ev_push(ht, hk, n_ev, end, (P_ARRIVE << KIND_SHIFT)
                                     + name_rank[r] * n + name_rank[odst[k]])
                 else:
                     remote = True
@@ -752,7 +772,7 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
                 bq_tail[d] += 1
                 if not bus_pending[d]:
                     bus_pending[d] = True
-                    n_ev = _ev_push(ht, hk, n_ev, end, P_BUS * big + d)
+                    n_ev = _ev_push(ht, hk, n_ev, end, (P_BUS << KIND_SHIFT) + d)
     k = n_tr if record else 0
     kc = n_copies if record else 0
     tr_bytes = np.empty(k)
