@@ -156,3 +156,24 @@ def test_cli_simulate_bad_output(capsys, tmp_path, flag, name, message):
     err = capsys.readouterr().err
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / name).exists()
+
+
+def test_study_report_shows_the_best_and_worst_order_per_family(tmp_path):
+    pytest.importorskip("matplotlib")
+    from travorder.study.report import write_report
+    from travorder.study.runner import run_study
+    from travorder.study.spec import StudySpec
+
+    spec = StudySpec.from_dict({
+        "name": "t", "clusters": ["k80x3"], "orders": ["topo", "bfs", "reversed_topo"],
+        "placer": {"name": "greedy"}, "seeds": [0],
+        "graphs": {"corpus": {"names": ["syn_enas_cnn_n91_s0", "alexnet"]},
+                   "coarsen_max_nodes": 60}})
+    run_study(spec, tmp_path / "s.sqlite", jobs=1, progress=False)
+    files = write_report(tmp_path / "s.sqlite", tmp_path / "r")
+    shots = sorted(p.name for p in files if p.name.startswith("timeline_"))
+    assert shots == ["timeline_greedy_k80x3_alexnet.png",
+                     "timeline_greedy_k80x3_enas_cnn.png"]
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "Timelines of the best and the worst order" in page
+    assert all(f'src="{name}"' in page for name in shots)
