@@ -7,7 +7,7 @@ placement of each implementation and the speed-up, and the first-call compile ti
 Then random layered DAGs of 250 to 16,000 nodes, narrow (8 nodes per layer) and wide
 (n / 16 per layer), each node reading 1-3 nodes of the layer before: ns per node per
 placement (`step_time` and `run_batch`, random placements on ``k80x3``, and
-``k80x3-placeto``'s batch). Times are CPU time of this process (``time.process_time``),
+``k80x3-placeto``'s batch). Times are CPU time of this thread (``time.thread_time``),
 which for this single-threaded code equals wall time on an idle machine and is not
 inflated by other load.
 
@@ -89,9 +89,9 @@ def layered_dag(n: int, width: int, seed: int = 0) -> OpGraph:
 def _median_us(fn, reps: int) -> float:
     times = []
     for _ in range(reps):
-        t0 = time.process_time()
+        t0 = time.thread_time()
         fn()
-        times.append(time.process_time() - t0)
+        times.append(time.thread_time() - t0)
     return statistics.median(times) * 1e6
 
 

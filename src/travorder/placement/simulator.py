@@ -361,8 +361,13 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
               param_mem, obytes, bw, lat, model, busy_after):
     """travorder's semantics, in rank space (node ``node_at[r]`` is rank ``r``).
 
-    Each device's ready ops are a binary min-heap of (ready time, rank) in its slice
-    ``base[d]:base[d+1]`` of ``rq_t``/``rq_v``."""
+    Each device's ready ops, in (ready time, rank) order, are in two queues in its slice
+    ``base[d]:base[d+1]``: ops ready as soon as they are found ready (their last input
+    was already on the device) are appended in order to a list (``at``/``av`` from
+    ``a_head`` to ``a_tail``: the simulated time only grows); ops waiting for a transfer
+    go on a binary min-heap (``ft``/``fv``, ``f_size``). A device's first op is the
+    smaller of the two heads. (One heap for all would cost a sift through all of a wide
+    layer per op.)"""
     n = node_at.size
     n_dev = bw.shape[0]
     m = odst.size
@@ -370,9 +375,13 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     mem = _param_memory(pl, param_mem, n_dev)
     peak = mem.copy()
 
-    rq_t = np.empty(n)
-    rq_v = np.empty(n, dtype=np.int64)
-    rq_size = np.zeros(n_dev, dtype=np.int64)
+    at = np.empty(n)
+    av = np.empty(n, dtype=np.int64)
+    a_head = base[:n_dev].copy()
+    a_tail = base[:n_dev].copy()
+    ft = np.empty(n)
+    fv = np.empty(n, dtype=np.int64)
+    f_size = np.zeros(n_dev, dtype=np.int64)
     waiting = np.empty(n, dtype=np.int64)
     uses_left = np.empty(n, dtype=np.int64)
     for r in range(n):
@@ -417,9 +426,11 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     for r in range(n):
         if waiting[r] == 0:
             d = pl[r]
-            rq_size[d] = _rq_push(rq_t, rq_v, base[d], rq_size[d], 0.0, r)
+            at[a_tail[d]] = 0.0
+            av[a_tail[d]] = r
+            a_tail[d] += 1
     for d in range(n_dev):
-        if rq_size[d] > 0:
+        if a_tail[d] > a_head[d]:
             n_ev = _ev_push(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
 
     step = 0.0
@@ -431,11 +442,25 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         ident = key & ID_MASK
         if kind == DISPATCH:
             d = ident
-            b = base[d]
-            if running[d] or rq_size[d] == 0 or rq_t[b] > t:
+            if running[d]:
                 continue
-            r = rq_v[b]
-            rq_size[d] = _rq_pop(rq_t, rq_v, b, rq_size[d])
+            h = a_head[d]
+            b = base[d]
+            if h < a_tail[d] and (f_size[d] == 0 or at[h] < ft[b]
+                                  or (at[h] == ft[b] and av[h] < fv[b])):
+                if at[h] > t:
+                    n_ev = _ev_push(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
+                    continue
+                r = av[h]
+                a_head[d] += 1
+            elif f_size[d] > 0:
+                if ft[b] > t:
+                    n_ev = _ev_push(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
+                    continue
+                r = fv[b]
+                f_size[d] = _rq_pop(ft, fv, b, f_size[d])
+            else:
+                continue
             running[d] = True
             start[r] = t
             busy[d] += times[r, d]
@@ -535,14 +560,29 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                     ready[u] = arrival[x]
                 waiting[u] -= 1
                 if waiting[u] == 0:
+                    rt = ready[u]
                     b = base[x]
-                    rq_size[x] = _rq_push(rq_t, rq_v, b, rq_size[x], ready[u], u)
-                    if not running[x] and rq_v[b] == u:
-                        s = ready[u] if ready[u] > free_at[x] else free_at[x]
+                    h = a_head[x]
+                    if rt == t:  # append, after the ops of this time with a lower rank
+                        i = a_tail[x]
+                        a_tail[x] += 1
+                        while i > h and at[i - 1] == rt and av[i - 1] > u:
+                            at[i] = at[i - 1]
+                            av[i] = av[i - 1]
+                            i -= 1
+                        at[i] = rt
+                        av[i] = u
+                        first = i == h and (f_size[x] == 0 or rt < ft[b]
+                                            or (rt == ft[b] and u < fv[b]))
+                    else:
+                        f_size[x] = _rq_push(ft, fv, b, f_size[x], rt, u)
+                        first = fv[b] == u and (h == a_tail[x] or rt < at[h]
+                                                or (rt == at[h] and u < av[h]))
+                    if first and not running[x]:
+                        s = rt if rt > free_at[x] else free_at[x]
                         n_ev = _ev_push(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
-            if rq_size[d] > 0:
-                rt = rq_t[base[d]]
-                n_ev = _ev_push(ht, hk, n_ev, rt if rt > t else t, (DISPATCH << KIND_SHIFT) + d)
+            if a_tail[d] > a_head[d] or f_size[d] > 0:  # waits, at worst, for its first op
+                n_ev = _ev_push(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
     k = n_copies if record else 0
     return (step, _to_nodes(start, node_at), _to_nodes(finish, node_at), busy, peak, moved,
             n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
