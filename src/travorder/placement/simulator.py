@@ -224,6 +224,7 @@ class Simulator:
 
     def _result(self, out: tuple) -> SimResult:
         step, start, finish, busy, peak, moved, n_tr = out[:7]
+        start, finish = start[self._rank], finish[self._rank]  # rank order to node order
         return SimResult(
             step_time_us=step, lower_bound_us=self.lower_bound_us,
             efficiency=self.lower_bound_us / step if step > 0 else 1.0,
@@ -338,7 +339,7 @@ def _ev_pop(ht, hk, size):
 def _places(place, node_at, n_dev):
     """The device of each rank, and where each device's slice of a per-node queue begins."""
     n = node_at.size
-    pl = np.empty(n, dtype=np.int64)
+    pl = np.empty(n, dtype=np.int32)  # small, as it is read at random
     base = np.zeros(n_dev + 1, dtype=np.int64)
     for r in range(n):
         pl[r] = place[node_at[r]]
@@ -359,7 +360,9 @@ def _param_memory(pl, param_mem, n_dev):
 @njit(cache=True)
 def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
               param_mem, obytes, bw, lat, model, busy_after):
-    """travorder's semantics, in rank space (node ``node_at[r]`` is rank ``r``).
+    """travorder's semantics, in rank space (node ``node_at[r]`` is rank ``r``): returns
+    the step time, start and finish per rank, busy time and peak memory per device, bytes
+    moved, the number of transfers and, if ``record``, the transfers.
 
     Each device's ready ops, in (ready time, rank) order, are in two queues in its slice
     ``base[d]:base[d+1]``: ops ready as soon as they are found ready (their last input
@@ -374,6 +377,9 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     pl, base = _places(place, node_at, n_dev)
     mem = _param_memory(pl, param_mem, n_dev)
     peak = mem.copy()
+    cost = np.empty(n)  # read at random later: 8 bytes per op rather than a row of times
+    for r in range(n):
+        cost[r] = times[r, pl[r]]
 
     at = np.empty(n)
     av = np.empty(n, dtype=np.int64)
@@ -463,11 +469,11 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                 continue
             running[d] = True
             start[r] = t
-            busy[d] += times[r, d]
+            busy[d] += cost[r]
             mem[d] += out_bytes[r]
             if mem[d] > peak[d]:
                 peak[d] = mem[d]
-            n_ev = _ev_push(ht, hk, n_ev, t + times[r, d], (FINISH << KIND_SHIFT) + r)
+            n_ev = _ev_push(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
         elif kind == SEND:
             c = ident
             d = copy_dev[c]
@@ -584,17 +590,9 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             if a_tail[d] > a_head[d] or f_size[d] > 0:  # waits, at worst, for its first op
                 n_ev = _ev_push(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
     k = n_copies if record else 0
-    return (step, _to_nodes(start, node_at), _to_nodes(finish, node_at), busy, peak, moved,
+    return (step, start, finish, busy, peak, moved,
             n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
             copy_dev[:k].copy(), np.arange(k))
-
-
-@njit(cache=True)
-def _to_nodes(a, node_at):
-    out = np.empty(a.size)
-    for r in range(a.size):
-        out[node_at[r]] = a[r]
-    return out
 
 
 @njit(cache=True)
@@ -818,7 +816,7 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
     tr_bytes = np.empty(k)
     for i in range(k):
         tr_bytes[i] = tensor[tr_node[i]]
-    return (step, _to_nodes(start, node_at), _to_nodes(finish, node_at), busy, peak, moved,
+    return (step, start, finish, busy, peak, moved,
             n_tr, tr_node[:k], tr_start[:k], tr_end[:k], tr_bytes, copy_dev[:kc].copy(),
             copy_tr[:kc].copy())
 
