@@ -1,12 +1,18 @@
-"""Simulator speed: compiled core (single and batch) against the plain-Python reference.
+"""Simulator speed: compiled core (single and batch) against the plain-Python reference,
+and the compiled core's cost per node from 250 to 16k nodes.
 
 A ~1,000-node training graph (a residual network with two-branch blocks, expanded with
 its backward pass) on 4-device clusters, random placements; prints the median time per
 placement of each implementation and the speed-up, and the first-call compile time.
-Times are CPU time of this process (``time.process_time``), which for this single-threaded
-code equals wall time on an idle machine and is not inflated by other load.
+Then random layered DAGs of 250 to 16,000 nodes, narrow (8 nodes per layer) and wide
+(n / 16 per layer), each node reading 1-3 nodes of the layer before: ns per node per
+placement (`step_time`: median over placements; `run_batch`: the best of five batches,
+the figure least disturbed by other load; random placements on ``k80x3``, and
+``k80x3-placeto``'s batch). Times are CPU time of this thread (``time.thread_time``),
+which for this single-threaded code equals wall time on an idle machine and counts
+neither other processes nor the worker threads of a BLAS library.
 
-    python benchmarks/simulator.py [--placements 200] [--seed 0]
+    python benchmarks/simulator.py [--placements 200] [--seed 0] [--sizes 250,...]
 """
 
 from __future__ import annotations
@@ -65,19 +71,37 @@ def residual_forward(blocks: int = 54, width: int = 256, batch: int = 32) -> OpG
                                 source="benchmarks/simulator.py", batch_size=batch)
 
 
-def _median_us(fn, reps: int) -> float:
+def layered_dag(n: int, width: int, seed: int = 0) -> OpGraph:
+    """``n`` nodes in layers of ``width``; each node reads 1-3 nodes of the layer before."""
+    rng = np.random.default_rng(seed)
+    layer = np.arange(n) // width
+    src, dst = [], []
+    for v in range(width, n):
+        lo = (layer[v] - 1) * width
+        for u in set(rng.integers(lo, lo + width, rng.integers(1, 4)).tolist()):
+            src.append(u)
+            dst.append(v)
+    out = rng.integers(1, 1 << 20, n).astype(float)
+    return OpGraph([f"op{v}" for v in range(n)], src, dst, time_us=rng.uniform(1, 100, n),
+                   output_bytes=out, edge_bytes=out[src],
+                   meta={"name": f"layered{n}x{width}"})
+
+
+def _median_us(fn, reps: int, stat=statistics.median) -> float:
     times = []
     for _ in range(reps):
-        t0 = time.process_time()
+        t0 = time.thread_time()
         fn()
-        times.append(time.process_time() - t0)
-    return statistics.median(times) * 1e6
+        times.append(time.thread_time() - t0)
+    return stat(times) * 1e6
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--placements", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
+                    default=[250, 1000, 4000, 16000], help="graph sizes (nodes)")
     args = ap.parse_args()
 
     graph = training_graph(residual_forward())
@@ -108,6 +132,24 @@ def main() -> None:
                    for k in range(3))
         print(f"{name:<16}{cluster.link_model:<9}{fast:>9.1f}{batch:>10.1f}{ref:>14.0f}"
               f"{ref / fast:>9.0f}x{ref / batch:>15.0f}x")
+
+    print("\nns per node per placement (random layered DAGs, random placements)")
+    print(f"{'nodes':>7}{'shape':>8}{'edges':>8}{'k80x3':>9}{'batch':>8}{'placeto':>9}")
+    k80, placeto = load_cluster("k80x3"), load_cluster("k80x3-placeto")
+    for n in args.sizes:
+        for shape, width in (("narrow", 8), ("wide", max(8, n // 16))):
+            g = layered_dag(n, width, args.seed)
+            places = rng.integers(0, 3, (max(20, 200_000 // n), n))
+            reps = len(places)
+            sim = Simulator(g, k80)
+            it = iter(range(10**9))
+            one = _median_us(lambda s=sim, p=places, i=it: s.step_time(p[next(i) % len(p)]),
+                             reps)
+            batch = _median_us(lambda s=sim, p=places: s.run_batch(p), 5, min) / reps
+            sim_pl = Simulator(g, placeto)
+            pl = _median_us(lambda s=sim_pl, p=places: s.run_batch(p), 5, min) / reps
+            print(f"{n:>7}{shape:>8}{g.n_edges:>8}{1e3 * one / n:>9.0f}{1e3 * batch / n:>8.0f}"
+                  f"{1e3 * pl / n:>9.0f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ import pytest
 from travorder.errors import FormatError, TravorderError
 from travorder.graph import OpGraph
 from travorder.placement import PRESETS, Cluster, Device, compute_times, load_cluster
+from travorder.placement.clusters import save_cluster
 
 TOML = """
 name = "mine"
@@ -185,3 +186,58 @@ def test_compute_times_roofline_measured_and_gap():
         [5.0 + 1, 5.0 + 3],  # 5e5 B / 1e11 B/s on both
         [30.0 + 1, 60.0 + 3],  # measured on the first device; the second is half as fast
     ]
+
+
+def test_placeto_semantics_preset_file_and_hash(tmp_path):
+    c = load_cluster("k80x3-placeto")
+    k80 = load_cluster("k80x3")
+    assert c.semantics == "placeto" and k80.semantics == "travorder"
+    assert dataclasses.replace(c, name="k80x3", description=k80.description,
+                               semantics="travorder") == k80
+    assert c != dataclasses.replace(c, semantics="travorder")
+    assert "semantics" not in k80.to_dict()  # the default leaves existing hashes alone
+    from travorder.study.jobs import cluster_hash
+
+    assert cluster_hash(c) != cluster_hash(dataclasses.replace(c, semantics="travorder"))
+    path = tmp_path / "p.toml"
+    path.write_text(TOML.replace('link_model = "channel"', 'link_model = "bus"\n'
+                                 'semantics = "placeto"').replace(
+        "[[0, 100, 200], [100, 0, 300], [200, 300, 0]]", "[[0, 100, 100], [200, 0, 200], "
+        "[300, 300, 0]]"))
+    mine = load_cluster(path)
+    assert mine.semantics == "placeto"
+    save_cluster(mine, tmp_path / "q.json")
+    assert load_cluster(tmp_path / "q.json") == mine
+
+
+def test_a_study_spec_chooses_placeto_semantics_by_preset():
+    from travorder.study.spec import StudySpec
+
+    spec = StudySpec.from_dict({"name": "s", "clusters": ["k80x3", "k80x3-placeto"],
+                                "orders": ["topo"], "placer": {"name": "greedy"},
+                                "graphs": {"synthetic": [{"family": "chain", "seeds": [0]}]}})
+    assert [c.semantics for c in spec.clusters] == ["travorder", "placeto"]
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"semantics": "tf"}, r"unknown semantics 'tf' \(expected one of travorder, placeto\)"),
+    ({"semantics": "placeto"}, "semantics 'placeto' needs link_model 'bus', got 'link'"),
+])
+def test_invalid_semantics(changes, message):
+    with pytest.raises(TravorderError, match=message):
+        two_devices(**changes)
+
+
+def test_placeto_needs_one_bus_speed_per_sender():
+    # two devices: one link from each, so any speeds will do
+    assert two_devices(semantics="placeto", link_model="bus",
+                       bandwidth=[[0, 1], [2, 0]]).semantics == "placeto"
+    c = load_cluster("k80x3-placeto")
+    with pytest.raises(TravorderError, match="all latency from device 1 must be equal"):
+        dataclasses.replace(c, latency=[[0, 1, 1], [0, 0, 1], [0, 0, 0]])
+
+
+def test_compute_times_under_placeto_skip_the_gap_of_free_ops():
+    g = OpGraph(["a", "b"], [], [], time_us=[0.0, 2.0])
+    assert compute_times(g, load_cluster("k80x3-placeto")).tolist() == [[0.0] * 3, [7.7] * 3]
+    assert compute_times(g, load_cluster("k80x3")).tolist() == [[5.7] * 3, [7.7] * 3]

@@ -23,17 +23,18 @@ from travorder.placement import (
     simulate,
     tie_rank,
 )
-from travorder.placement.reference import simulate_reference
+from travorder.placement.reference import reference_timeline
 
 from .strategies import dags_with_placement
 
 
 def cluster(model: str, n: int = 3, *, bw: float = 100.0, lat: float = 0.0,
             busy: float = 0.0, gap: float = 0.0, memory: float = math.inf,
-            copies: float = 3.0) -> Cluster:
+            copies: float = 3.0, semantics: str = "travorder") -> Cluster:
     """``n`` identical devices; measured op times are used as they are (plus ``gap``)."""
     devices = tuple(Device(f"d{i}", 1e12, 1e11, memory, gap) for i in range(n))
-    return Cluster(f"test-{model}", devices, bw, lat, model, busy, copies)
+    return Cluster(f"test-{model}", devices, bw, lat, model, busy, copies,
+                   semantics=semantics)
 
 
 def graph(times: dict[str, float], edges=(), out_bytes=None, params=None) -> OpGraph:
@@ -46,11 +47,14 @@ def graph(times: dict[str, float], edges=(), out_bytes=None, params=None) -> OpG
 
 
 def run(g: OpGraph, placement: dict[str, int], c: Cluster):
-    """Simulate with both implementations, check they agree exactly, return the result."""
+    """Simulate with both implementations, check they agree exactly (transfers too),
+    return the result."""
     p = [placement[name] for name in g.names.tolist()]
-    fast = simulate(g, p, c)
-    assert fast == simulate_reference(g, p, c)
-    return fast
+    fast = Simulator(g, c).timeline(p)
+    ref = reference_timeline(g, p, c)
+    assert fast.result == ref.result == simulate(g, p, c)
+    assert fast.transfers == ref.transfers
+    return fast.result
 
 
 def starts(r, g: OpGraph) -> dict[str, float]:
@@ -151,6 +155,106 @@ def test_list_scheduling_anomaly_faster_links_can_slow_a_step():
     assert (slow.step_time_us, instant.step_time_us) == (1008.0, 1103.0)
 
 
+# ------------------------------------------------------------------ placeto semantics
+# Each rule of Placeto's simulator by hand, under both semantics. Bus of 100 B/us: 1000 B
+# take 10 us.
+
+PLACETO = "placeto"
+
+
+def bus(semantics: str, *, gap: float = 0.0, busy: float = 25.0) -> Cluster:
+    return cluster("bus", gap=gap, busy=busy, semantics=semantics)
+
+
+@pytest.mark.parametrize(("semantics", "c_start", "step", "n_transfers", "moved"), [
+    # one transfer per destination device, each carrying its largest edge:
+    # d0's bus sends a->b 10-20 (1000 B), is busy until 45, sends a->c 45-50 (500 B);
+    # b runs 20-40, c 50-70
+    ("travorder", 50.0, 70.0, 2, 1500.0),
+    # one transfer per output tensor, of one size (the largest edge, 1000 B): 10-20, to
+    # d1 and d2 at once; b and c both run 20-40; the bus is busy until 20 + 25 = 45,
+    # and that counts in the step
+    (PLACETO, 20.0, 45.0, 1, 1000.0),
+])
+def test_a_tensor_consumed_on_two_remote_devices(semantics, c_start, step, n_transfers,
+                                                 moved):
+    g = graph({"a": 10, "b": 20, "c": 20}, [("a", "b", 1e3), ("a", "c", 500.0)])
+    r = run(g, {"a": 0, "b": 1, "c": 2}, bus(semantics))
+    assert starts(r, g) == {"a": 0, "b": 20, "c": c_start}
+    assert (r.step_time_us, r.n_transfers, r.bytes_moved) == (step, n_transfers, moved)
+
+
+@pytest.mark.parametrize(("semantics", "z_start", "b_start", "step", "busy"), [
+    # every op pays the 5 us gap: a 0-15, z 15-20 (0 + 5), b 20-45
+    ("travorder", 15.0, 20.0, 45.0, 45.0),
+    # the gap delays the device, and there is none after an op of time 0: a 0-10, the
+    # device free at 15; z 15-15, free at 15; b 15-35, free at 40 = the step
+    (PLACETO, 15.0, 15.0, 40.0, 40.0),
+])
+def test_a_chain_with_a_zero_cost_op(semantics, z_start, b_start, step, busy):
+    g = graph({"a": 10, "z": 0, "b": 20}, [("a", "z", 0.0), ("z", "b", 0.0)])
+    r = run(g, {"a": 0, "z": 0, "b": 0}, bus(semantics, gap=5.0))
+    assert starts(r, g) == {"a": 0, "z": z_start, "b": b_start}
+    assert r.step_time_us == step and r.busy_us[0] == busy
+
+
+@pytest.mark.parametrize(("semantics", "b_start", "step"), [
+    # the gap is part of a's time: a 0-15, the empty transfer 15-15, b 15-40
+    ("travorder", 15.0, 40.0),
+    # the gap delays the device, not the output: a 0-10, transfer 10-10, b 10-30; d1 is
+    # free at 30 + 5 = 35 = the step
+    (PLACETO, 10.0, 35.0),
+])
+def test_the_gap_delays_the_device_not_the_output(semantics, b_start, step):
+    g = graph({"a": 10, "b": 20}, [("a", "b", 0.0)])
+    r = run(g, {"a": 0, "b": 1}, bus(semantics, gap=5.0, busy=0.0))
+    assert starts(r, g) == {"a": 0, "b": b_start}
+    assert r.step_time_us == step
+
+
+@pytest.mark.parametrize(("semantics", "step"), [
+    ("travorder", 25.0),  # a 0-10, transfer 10-20, b 20-25: the step ends with b
+    (PLACETO, 45.0),  # the bus stays busy until 20 + 25 = 45, and Placeto counts it
+])
+def test_the_trailing_bus_time(semantics, step):
+    g = graph({"a": 10, "b": 5}, [("a", "b", 1e3)])
+    r = run(g, {"a": 0, "b": 1}, bus(semantics))
+    assert starts(r, g) == {"a": 0, "b": 20}
+    assert r.step_time_us == step
+
+
+@pytest.mark.parametrize(("semantics", "first"), [
+    ("travorder", "alpha"),  # tie rank: level, then name
+    (PLACETO, "zeta"),  # Placeto's insertion order: sources in the graph's node order
+])
+def test_ties_between_two_sources(semantics, first):
+    g = graph({"zeta": 10, "alpha": 20})
+    r = run(g, {"zeta": 0, "alpha": 0}, bus(semantics))
+    assert starts(r, g)[first] == 0.0
+
+
+@pytest.mark.parametrize(("semantics", "z_start", "c_start"), [
+    ("travorder", 25.0, 20.0),  # c and z are both ready at 20: tie rank, c < z by name
+    # Placeto queues ops in the order their inputs arrive, and arrivals at one time in
+    # the order (producer name, consumer name): (a, z) before (b, c)
+    (PLACETO, 20.0, 25.0),
+])
+def test_ops_ready_at_one_time(semantics, z_start, c_start):
+    # a (d2) -> z and b (d0) -> c, on d1; both tensors take 10-20 on their own bus
+    g = graph({"b": 10, "a": 10, "c": 5, "z": 5}, [("a", "z", 1e3), ("b", "c", 1e3)])
+    r = run(g, {"a": 2, "b": 0, "c": 1, "z": 1}, bus(semantics))
+    assert starts(r, g) == {"a": 0, "b": 0, "c": c_start, "z": z_start}
+
+
+def test_placeto_lower_bound_counts_the_gap_of_the_last_op_only():
+    g = graph({"a": 10, "b": 20}, [("a", "b", 0.0)])
+    c = bus(PLACETO, gap=5.0)
+    assert lower_bound(g, c) == 35.0  # a's 10, then b's 20 + 5
+    assert lower_bound(g, bus("travorder", gap=5.0)) == 40.0
+    # a 0-10, the empty transfer 10-10 (the bus busy until 35), b 10-30, d1 free at 35
+    assert run(g, {"a": 0, "b": 1}, c).step_time_us == 35.0
+
+
 # ------------------------------------------------------------------ memory
 
 
@@ -239,7 +343,8 @@ def _with_devices(c: Cluster, n: int) -> Cluster:
 
 
 @pytest.mark.parametrize(("preset", "with_time"), [
-    ("k80x3", True), ("pcie4x4", False), ("v100x4-nvlink", True), ("baechi-4", False)])
+    ("k80x3", True), ("pcie4x4", False), ("v100x4-nvlink", True), ("baechi-4", False),
+    ("k80x3-placeto", True), ("k80x3-placeto", False)])
 def test_fast_and_reference_agree_exactly(preset, with_time):
     c = load_cluster(preset)
 
@@ -247,10 +352,16 @@ def test_fast_and_reference_agree_exactly(preset, with_time):
     @given(dags_with_placement(n_devices=c.n_devices, max_nodes=25, with_time=with_time))
     def check(case):
         g, p = case
-        fast = simulate(g, p, c)
-        assert fast == simulate_reference(g, p, c)
-        assert fast.step_time_us >= fast.lower_bound_us * (1 - 1e-12)  # rounding only
-        assert 0 < fast.efficiency <= 1 + 1e-12
+        sim = Simulator(g, c)
+        fast, ref = sim.timeline(p), reference_timeline(g, p, c)
+        assert fast.result == ref.result == sim.run(p)
+        assert fast.transfers == ref.transfers
+        assert sim.run_batch(p[None]).step_time_us.tolist() == [fast.result.step_time_us]
+        r = fast.result
+        assert r.step_time_us >= r.lower_bound_us * (1 - 1e-12)  # rounding only
+        assert 0 < r.efficiency <= 1 + 1e-12
+        assert r.n_transfers == len(fast.transfers)
+        assert r.bytes_moved == pytest.approx(sum(t.bytes for t in fast.transfers))
 
     check()
 
@@ -268,19 +379,28 @@ def test_numbering_does_not_change_the_step(case, preset):
     assert r2.peak_memory.tolist() == r.peak_memory.tolist()
 
 
-@settings(max_examples=80, deadline=None)
-@given(dags_with_placement(n_devices=3, max_nodes=25), st.sampled_from(["bus", "channel", "link"]),
+@settings(max_examples=120, deadline=None)
+@given(dags_with_placement(n_devices=3, max_nodes=25),
+       st.sampled_from([("bus", "travorder"), ("channel", "travorder"), ("link", "travorder"),
+                        ("bus", PLACETO)]),
        st.integers(0, 2**32 - 1))
-def test_many_ties_and_zero_durations(case, model, seed):
-    """Times of 0-3 us, no gap and round transfer times make ties everywhere: the two
-    simulators still agree and the numbering still does not matter."""
+def test_many_ties_and_zero_durations(case, model_semantics, seed):
+    """Times of 0-3 us, gaps of 0 or 1 us and round transfer times make ties everywhere:
+    the two simulators still agree and, under travorder's semantics, the numbering still
+    does not matter."""
     g, p = case
+    model, semantics = model_semantics
     rng = np.random.default_rng(seed)
     g = g.replace(time_us=rng.integers(0, 4, g.n_nodes).astype(float),
                   edge_bytes=rng.integers(0, 3, g.n_edges) * 100.0)
-    c = cluster(model, busy=float(rng.integers(0, 3)), lat=float(rng.integers(0, 2)))
-    r = simulate(g, p, c)
-    assert r == simulate_reference(g, p, c)
+    c = cluster(model, busy=float(rng.integers(0, 3)), lat=float(rng.integers(0, 2)),
+                gap=float(rng.integers(0, 2)), semantics=semantics)
+    sim = Simulator(g, c)
+    r, ref = sim.timeline(p), reference_timeline(g, p, c)
+    assert r.result == ref.result and r.transfers == ref.transfers
+    r = r.result
+    if semantics == PLACETO:
+        return  # Placeto's ties follow the node order
     perm = rng.permutation(g.n_nodes)
     r2 = simulate(g.permute(perm), p[perm], c)
     assert r2.step_time_us == r.step_time_us >= r.lower_bound_us
@@ -289,10 +409,11 @@ def test_many_ties_and_zero_durations(case, model, seed):
 
 
 @settings(max_examples=50, deadline=None)
-@given(dags_with_placement(n_devices=3, max_nodes=25), st.integers(0, 2))
-def test_all_on_one_device_is_the_sum_of_compute_times(case, device):
+@given(dags_with_placement(n_devices=3, max_nodes=25), st.integers(0, 2),
+       st.sampled_from(["k80x3", "k80x3-placeto"]))
+def test_all_on_one_device_is_the_sum_of_compute_times(case, device, preset):
     g, _ = case
-    c = load_cluster("k80x3")
+    c = load_cluster(preset)
     r = simulate(g, np.full(g.n_nodes, device), c)
     assert r.step_time_us == pytest.approx(math.fsum(compute_times(g, c)[:, device]),
                                            rel=1e-12)

@@ -224,13 +224,35 @@ def cmd_place(args: argparse.Namespace) -> None:
 def cmd_simulate(args: argparse.Namespace) -> None:
     from travorder.placement.clusters import Cluster, load_cluster
     from travorder.placement.placement_file import load_placement
-    from travorder.placement.simulator import simulate
+    from travorder.placement.simulator import Simulator
 
+    if args.gantt:
+        from travorder.placement.timeline import GANTT_FORMATS
+
+        if Path(args.gantt).suffix.lower().lstrip(".") not in GANTT_FORMATS:
+            raise TravorderError(f"--gantt writes {', '.join(GANTT_FORMATS)}: give a file "
+                                 f"name ending in one of them, not {args.gantt!r}")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise TravorderError("--gantt needs matplotlib: pip install "
+                                 "'travorder[report]'") from None
     g = _load(args.model, training=not args.forward_only)
     _, doc = load_placement(args.placement)
     cluster = load_cluster(args.cluster) if args.cluster else Cluster.from_dict(doc["cluster"])
     placement, _ = load_placement(args.placement, g, cluster)
-    r = simulate(g, placement, cluster)
+    sim = Simulator(g, cluster)
+    if args.trace or args.gantt:
+        from travorder.placement.timeline import plot_gantt, write_trace
+
+        tl = sim.timeline(placement)
+        r = tl.result
+        if args.trace:
+            write_trace(tl, args.trace)
+        if args.gantt:
+            plot_gantt(tl, args.gantt)
+    else:
+        r = sim.run(placement)
     if args.json:
         _print_json({"step_time_us": r.step_time_us, "lower_bound_us": r.lower_bound_us,
                      "efficiency": r.efficiency, "feasible": r.feasible,
@@ -240,6 +262,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     _print_sim(f"{g.name} on {cluster.name}", r.step_time_us, r.lower_bound_us, r.efficiency,
                r.feasible, r.peak_memory, cluster,
                [("bytes moved", _human(r.bytes_moved, "B"))])
+    for path in (args.trace, args.gantt):
+        if path:
+            print(f"wrote {path}")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
@@ -460,6 +485,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("model", help="model file")
     p.add_argument("placement", help="placement JSON written by `travorder place`")
     p.add_argument("--cluster", help="preset name or cluster file (default: the placement's)")
+    p.add_argument("--trace", metavar="OUT.json",
+                   help="write the simulated step as a Chrome trace (open in ui.perfetto.dev)")
+    p.add_argument("--gantt", metavar="OUT.png",
+                   help="draw the simulated step as a Gantt chart (.png, .svg or .pdf; "
+                        "needs matplotlib)")
     p.set_defaults(func=cmd_simulate)
 
     data_opts = argparse.ArgumentParser(add_help=False)

@@ -5,10 +5,12 @@ from travorder._lazy import lazy_exports
 _EXPORTS = {
     "LINK_MODELS": "travorder.placement.clusters",
     "PRESETS": "travorder.placement.clusters",
+    "SEMANTICS": "travorder.placement.clusters",
     "Cluster": "travorder.placement.clusters",
     "Device": "travorder.placement.clusters",
     "compute_times": "travorder.placement.clusters",
     "load_cluster": "travorder.placement.clusters",
+    "work_times": "travorder.placement.clusters",
     "ORDERS": "travorder.placement.orders",
     "STUDY_ORDERS": "travorder.placement.orders",
     "TOPOLOGICAL_ORDERS": "travorder.placement.orders",
@@ -28,6 +30,13 @@ _EXPORTS = {
     "lower_bound": "travorder.placement.simulator",
     "simulate": "travorder.placement.simulator",
     "tie_rank": "travorder.placement.simulator",
+    "Transfer": "travorder.placement.simulator",
+    "Timeline": "travorder.placement.timeline",
+    "critical_path": "travorder.placement.timeline",
+    "plot_gantt": "travorder.placement.timeline",
+    "simulate_timeline": "travorder.placement.timeline",
+    "trace_events": "travorder.placement.timeline",
+    "write_trace": "travorder.placement.timeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -32,9 +32,13 @@ from travorder.graph import OpGraph
 #: shared by its sends and receives (``channel``, Baechi), or per ordered pair (``link``).
 LINK_MODELS = ("bus", "channel", "link")
 
+#: The simulator's rules: travorder's own (the default) or Placeto's simulator reproduced
+#: exactly (``placeto``: bus links only); ``docs/simulator.md`` compares them.
+SEMANTICS = ("travorder", "placeto")
+
 _DEVICE_KEYS = ("name", "peak_flops", "mem_bw", "memory", "launch_us")
 _CLUSTER_KEYS = ("name", "description", "link_model", "busy_after_us", "param_copies",
-                 "devices", "links")
+                 "semantics", "devices", "links")
 
 
 def _number(value: Any, what: str) -> float:
@@ -103,7 +107,8 @@ class Cluster:
     ``latency + b / bandwidth`` us on its queue (see ``link_model``), which then stays busy
     ``busy_after_us`` more (Placeto's bus: 25 us). ``param_copies`` multiplies each op's
     ``param_bytes`` in device memory: 3 for training (weights, gradients, optimizer
-    state), 1 for inference.
+    state), 1 for inference. ``semantics`` picks the simulator's rules (`SEMANTICS`):
+    ``placeto`` needs the ``bus`` link model with one bandwidth and latency per sender.
     """
 
     name: str
@@ -114,6 +119,7 @@ class Cluster:
     busy_after_us: float = 0.0
     param_copies: float = 3.0
     description: str = ""
+    semantics: str = "travorder"
 
     def __post_init__(self) -> None:
         where = f"cluster {self.name!r}"
@@ -141,6 +147,20 @@ class Cluster:
         if self.link_model not in LINK_MODELS:
             raise TravorderError(f"{where}: unknown link model {self.link_model!r} "
                                  f"(expected one of {', '.join(LINK_MODELS)})")
+        if self.semantics not in SEMANTICS:
+            raise TravorderError(f"{where}: unknown semantics {self.semantics!r} (expected "
+                                 f"one of {', '.join(SEMANTICS)})")
+        if self.semantics == "placeto":
+            if self.link_model != "bus":
+                raise TravorderError(f"{where}: semantics 'placeto' needs link_model 'bus', "
+                                     f"got {self.link_model!r}")
+            for what, a in (("bandwidth", bw), ("latency", lat)):
+                rows = [a[i][off[i]] for i in range(n)]
+                bad = [i for i, r in enumerate(rows) if r.size and np.any(r != r[0])]
+                if bad:
+                    raise TravorderError(f"{where}: semantics 'placeto' sends each tensor "
+                                         f"once on its device's bus, so all {what} from "
+                                         f"device {bad[0]} must be equal")
         for key in ("busy_after_us", "param_copies"):
             v = _number(getattr(self, key), f"{where}: {key}")
             if not (0 <= v < math.inf):
@@ -168,6 +188,8 @@ class Cluster:
             "link_model": self.link_model,
             "busy_after_us": self.busy_after_us,
             "param_copies": self.param_copies,
+            # only when not the default, so existing clusters keep their definition hash
+            **({"semantics": self.semantics} if self.semantics != "travorder" else {}),
             "devices": [{k: getattr(d, k) for k in _DEVICE_KEYS} for d in self.devices],
             "links": {"bandwidth": pairs(self.bandwidth), "latency": pairs(self.latency)},
         }
@@ -222,6 +244,7 @@ class Cluster:
             busy_after_us=data.get("busy_after_us", 0.0),
             param_copies=data.get("param_copies", 3.0),
             description=str(data.get("description", "")),
+            semantics=data.get("semantics", "travorder"),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -334,15 +357,26 @@ def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     first device and scaled by ``peak_flops[0] / peak_flops[d]`` on device ``d`` (so
     unchanged on a homogeneous cluster). Otherwise a roofline estimate
     ``max(flops / peak_flops, bytes / mem_bw)`` with ``bytes`` = input edge bytes +
-    ``output_bytes`` + ``param_bytes``. The device's ``launch_us`` gap is added to both.
+    ``output_bytes`` + ``param_bytes``. The device's ``launch_us`` gap is added to both
+    (under ``placeto`` semantics only to ops whose time is not 0, as in Placeto).
 
     >>> g = OpGraph(["a"], [], [], flops=[4.37e6])
     >>> compute_times(g, load_cluster("k80x3")).round(3).tolist()
     [[6.7, 6.7, 6.7]]
     """
+    work = work_times(graph, cluster)
+    gap = np.array([d.launch_us for d in cluster.devices])
+    if cluster.semantics == "placeto":
+        gap = np.where(work != 0.0, gap, 0.0)
+    t = work + gap
+    t.flags.writeable = False
+    return t
+
+
+def work_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
+    """`compute_times` without the launch gap (the op's own time on each device)."""
     peak = np.array([d.peak_flops for d in cluster.devices])
     mem_bw = np.array([d.mem_bw for d in cluster.devices])
-    launch = np.array([d.launch_us for d in cluster.devices])
     # Sum each node's input bytes in a fixed (sorted) order, so that the result does
     # not depend on the edge order or on how nodes are numbered.
     order = np.lexsort((graph.edge_bytes, graph.dst))
@@ -351,6 +385,6 @@ def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     moved = in_bytes + graph.output_bytes + graph.param_bytes
     roofline = np.maximum(graph.flops[:, None] / peak, moved[:, None] / mem_bw) * 1e6
     measured = graph.time_us[:, None] * (peak[0] / peak)
-    t = np.where(np.isnan(graph.time_us)[:, None], roofline, measured) + launch
+    t = np.where(np.isnan(graph.time_us)[:, None], roofline, measured)
     t.flags.writeable = False
     return t

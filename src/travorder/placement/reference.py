@@ -2,9 +2,11 @@
 
 :func:`simulate_reference` is slow and written to be read. The compiled
 :class:`~travorder.placement.simulator.Simulator` performs the same floating-point
-operations in the same order, so the two agree bit for bit.
+operations in the same order, so the two agree bit for bit (`reference_timeline` gives
+the transfers too, to compare with `Simulator.timeline`).
 
-One training step is simulated as discrete events:
+One training step is simulated as discrete events under travorder's semantics (for
+Placeto's, see `_simulate_placeto` below):
 
 * Each device runs one op at a time, to completion. An op is *ready* once every input has
   arrived on its device; an idle device starts the ready op with the earliest ready time
@@ -29,25 +31,53 @@ One training step is simulated as discrete events:
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from typing import Any
 
 import numpy as np
 
 from travorder.graph import OpGraph
-from travorder.placement.clusters import Cluster, compute_times
+from travorder.placement.clusters import Cluster, compute_times, work_times
 from travorder.placement.simulator import (
     DISPATCH,
     FINISH,
+    P_ARRIVE,
+    P_BUS,
+    P_DEVICE,
+    P_FINISH,
     SEND,
     SimResult,
+    Transfer,
     check_placement,
     lower_bound,
 )
+from travorder.placement.timeline import Timeline
 
 
 def simulate_reference(graph: OpGraph, placement: Any, cluster: Cluster) -> SimResult:
     """Simulate one training step (reference implementation; see the module docstring)."""
+    return reference_timeline(graph, placement, cluster).result
+
+
+def reference_timeline(graph: OpGraph, placement: Any, cluster: Cluster) -> Timeline:
+    """`simulate_reference` with every transfer: what `Simulator.timeline` must give."""
     place = check_placement(graph, cluster, placement).tolist()
+    run = _simulate_placeto if cluster.semantics == "placeto" else _simulate
+    step, start, finish, busy, peak, moved, transfers = run(graph, place, cluster)
+    lb = lower_bound(graph, cluster)
+    capacity = [dev.memory for dev in cluster.devices]
+    result = SimResult(
+        step_time_us=step, lower_bound_us=lb, efficiency=lb / step if step > 0 else 1.0,
+        busy_us=np.array(busy), peak_memory=np.array(peak), bytes_moved=moved,
+        n_transfers=len(transfers),
+        feasible=all(p <= c for p, c in zip(peak, capacity, strict=True)),
+        start_us=np.array(start), finish_us=np.array(finish),
+    )
+    return Timeline(graph, cluster, np.array(place, dtype=np.int64), result, tuple(transfers))
+
+
+def _simulate(graph: OpGraph, place: list[int], cluster: Cluster) -> tuple:
+    """travorder's semantics (the module docstring)."""
     n, n_dev = graph.n_nodes, cluster.n_devices
     times = compute_times(graph, cluster)
     cost = [float(times[v, place[v]]) for v in range(n)]
@@ -86,6 +116,7 @@ def simulate_reference(graph: OpGraph, placement: Any, cluster: Cluster) -> SimR
     queue_free: dict[Any, float] = {}  # transfer queue -> time it is free again
     copies: list[dict[str, Any]] = []  # received copies: device, bytes, consumers left
     copy_of_edge: dict[int, int] = {}
+    transfers: list[Transfer] = []
     moved = 0.0
     events: list[tuple[float, int, int]] = []  # (time, kind, id)
 
@@ -155,6 +186,7 @@ def simulate_reference(graph: OpGraph, placement: Any, cluster: Cluster) -> SimR
                     continue
                 nbytes = max(edge_bytes[e] for e in to_x)
                 begin, arrival[x] = transfer(d, x, nbytes, t)
+                transfers.append(Transfer(v, d, (x,), nbytes, begin, arrival[x]))
                 copy_to[x] = len(copies)
                 copies.append({"device": x, "bytes": nbytes, "left": len(to_x)})
                 moved += nbytes
@@ -171,11 +203,138 @@ def simulate_reference(graph: OpGraph, placement: Any, cluster: Cluster) -> SimR
             if ready_ops[d]:
                 heapq.heappush(events, (max(ready_ops[d][0][0], t), DISPATCH, d))
 
-    lb = lower_bound(graph, cluster)
-    capacity = [dev.memory for dev in cluster.devices]
-    return SimResult(
-        step_time_us=step, lower_bound_us=lb, efficiency=lb / step if step > 0 else 1.0,
-        busy_us=np.array(busy), peak_memory=np.array(peak), bytes_moved=moved,
-        n_transfers=len(copies), feasible=all(p <= c for p, c in zip(peak, capacity, strict=True)),
-        start_us=np.array(start), finish_us=np.array(finish),
-    )
+    return step, start, finish, busy, peak, moved, transfers
+
+
+def _simulate_placeto(graph: OpGraph, place: list[int], cluster: Cluster) -> tuple:
+    """Placeto's semantics (docs/simulator.md), as the events of Placeto's simulator.
+
+    An op takes its own time; the device then waits its ``launch_us`` gap (none after an
+    op of time 0) before it takes the next op of its FIFO queue. Its output's consumers
+    on that device get it at the op's end. If any consumer is elsewhere, the output goes
+    once over the device's bus to all of them: the transfer is queued (FIFO) at the op's
+    end, takes ``latency + size / bandwidth`` (the size: the op's largest edge), arrives
+    on every consumer's device at once, and the bus stays busy ``busy_after_us`` more.
+    The step ends with the last event, trailing gaps and bus time included. At equal
+    times: op ends (memory only), arrivals (by producer name, then consumer name), buses,
+    devices (by index); sources enter their device's queue in the graph's node order.
+    Memory follows travorder's rules, a transfer leaving a copy on each receiving device.
+    """
+    n, n_dev = graph.n_nodes, cluster.n_devices
+    work = work_times(graph, cluster)
+    cost = [float(work[v, place[v]]) for v in range(n)]
+    gap = [cluster.devices[place[v]].launch_us if cost[v] != 0 else 0.0 for v in range(n)]
+    src, dst = graph.src.tolist(), graph.dst.tolist()
+    names, out_bytes = graph.names.tolist(), graph.output_bytes.tolist()
+    tensor = [0.0] * n  # one size per output tensor: its largest edge
+    children: list[list[int]] = [[] for _ in range(n)]
+    parents: list[list[int]] = [[] for _ in range(n)]
+    for e, nbytes in enumerate(graph.edge_bytes.tolist()):
+        tensor[src[e]] = max(tensor[src[e]], nbytes)
+        children[src[e]].append(dst[e])
+        parents[dst[e]].append(src[e])
+
+    # memory is summed in tie-rank order, as under travorder's semantics
+    levels = graph.levels.tolist()
+    by_rank = sorted(range(n), key=lambda v: (levels[v], names[v]))
+    rank = {v: r for r, v in enumerate(by_rank)}
+    memory = [0.0] * n_dev
+    for v in by_rank:
+        memory[place[v]] += float(graph.param_bytes[v]) * cluster.param_copies
+    peak = list(memory)
+
+    def allocate(d: int, nbytes: float) -> None:
+        memory[d] += nbytes
+        peak[d] = max(peak[d], memory[d])
+
+    waiting = [len(parents[v]) for v in range(n)]
+    uses_left = [len(children[v]) for v in range(n)]
+    copy_on: dict[tuple[int, int], dict[str, float]] = {}  # (producer, device) -> copy
+    start, finish, busy = [0.0] * n, [0.0] * n, [0.0] * n_dev
+    device_queue: list[deque[int]] = [deque() for _ in range(n_dev)]
+    bus_queue: list[deque[int]] = [deque() for _ in range(n_dev)]
+    pending = {P_DEVICE: [False] * n_dev, P_BUS: [False] * n_dev}  # an event is queued
+    transfers: list[Transfer] = []
+    moved = 0.0
+    events: list[tuple[float, int, Any]] = []  # (time, kind, id)
+
+    def wake(t: float, kind: int, d: int) -> None:
+        if not pending[kind][d]:
+            pending[kind][d] = True
+            heapq.heappush(events, (t, kind, d))
+
+    def enqueue(t: float, v: int) -> None:
+        device_queue[place[v]].append(v)
+        wake(t, P_DEVICE, place[v])
+
+    def arrive(t: float, u: int, v: int) -> None:
+        heapq.heappush(events, (t, P_ARRIVE, (names[u], names[v], v)))
+
+    for v in range(n):
+        if not parents[v]:
+            enqueue(0.0, v)
+
+    step = 0.0
+    while events:
+        t, kind, ident = heapq.heappop(events)
+        step = max(step, t)
+        if kind == P_FINISH:  # the op of tie rank `ident` ended: free what it last used
+            v = by_rank[ident]
+            d = place[v]
+            for u in sorted(parents[v], key=rank.get):
+                if place[u] != d:
+                    c = copy_on[u, d]
+                    c["left"] -= 1
+                    if c["left"] == 0:
+                        memory[d] -= c["bytes"]
+                uses_left[u] -= 1
+                if uses_left[u] == 0:
+                    memory[place[u]] -= out_bytes[u]
+            if not children[v]:
+                memory[d] -= out_bytes[v]
+        elif kind == P_ARRIVE:  # an input of op ident[2] is on its device
+            v = ident[2]
+            waiting[v] -= 1
+            if waiting[v] == 0:
+                enqueue(t, v)
+        elif kind == P_BUS:  # bus of device `ident` is free: send the next tensor
+            d = ident
+            if not bus_queue[d]:
+                pending[P_BUS][d] = False
+                continue
+            v = bus_queue[d][0]
+            if finish[v] > t:  # not computed yet: come back then
+                heapq.heappush(events, (finish[v], P_BUS, d))
+                continue
+            bus_queue[d].popleft()
+            x = next(x for x in range(n_dev) if x != d)
+            end = t + (cluster.latency[d, x] + tensor[v] / cluster.bandwidth[d, x])
+            remote = [c for c in children[v] if place[c] != d]
+            receivers = sorted({place[c] for c in remote})
+            for x in receivers:
+                copy_on[v, x] = {"bytes": tensor[v],
+                                 "left": sum(place[c] == x for c in remote)}
+                allocate(x, tensor[v])
+            for c in remote:
+                arrive(end, v, c)
+            transfers.append(Transfer(v, d, tuple(receivers), tensor[v], t, end))
+            moved += tensor[v]
+            heapq.heappush(events, (end + cluster.busy_after_us, P_BUS, d))
+        else:  # device `ident` is free: run the next op of its queue
+            d = ident
+            if not device_queue[d]:
+                pending[P_DEVICE][d] = False
+                continue
+            v = device_queue[d].popleft()
+            start[v], finish[v] = t, t + cost[v]
+            busy[d] += cost[v] + gap[v]
+            allocate(d, out_bytes[v])
+            heapq.heappush(events, (finish[v] + gap[v], P_DEVICE, d))
+            heapq.heappush(events, (finish[v], P_FINISH, rank[v]))
+            for c in children[v]:
+                if place[c] == d:
+                    arrive(finish[v], v, c)
+            if any(place[c] != d for c in children[v]):
+                bus_queue[d].append(v)
+                wake(finish[v], P_BUS, d)
+    return step, start, finish, busy, peak, moved, transfers

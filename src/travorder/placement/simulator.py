@@ -9,6 +9,8 @@ describes them in prose.
 
 Every tie is broken by :func:`tie_rank` (level, then name) rather than by node index, so
 a placement's simulated step does not depend on how the graph's nodes are numbered.
+A cluster with ``semantics = "placeto"`` is simulated by Placeto's rules instead
+(`_simulate_placeto`; its ties follow the node order, as Placeto's do).
 
 >>> from travorder.placement.clusters import load_cluster
 >>> g = OpGraph(["a", "b"], [0], [1], time_us=[10.0, 20.0], edge_bytes=[76_000.0])
@@ -20,18 +22,28 @@ a placement's simulated step does not depend on how the graph's nodes are number
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from numba import njit
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
-from travorder.placement.clusters import LINK_MODELS, Cluster, compute_times
+from travorder.placement.clusters import LINK_MODELS, Cluster, compute_times, work_times
+
+if TYPE_CHECKING:
+    from travorder.placement.timeline import Timeline
 
 # Event kinds, in the order they are handled at equal times: finishes free memory and make
 # ops ready before transfers start and devices pick their next op.
 FINISH, SEND, DISPATCH = 0, 1, 2
+# Under placeto semantics: finishes (memory only), then Placeto's own events in its order
+# ("remove_dependency" < "run_bus" < "run_dev"): an input arrives, a bus or a device takes
+# the next item of its queue.
+P_FINISH, P_ARRIVE, P_BUS, P_DEVICE = 0, 1, 2, 3
+# An event's key packs its kind above its id, so that keys order by kind, then id.
+KIND_SHIFT = 56
+ID_MASK = (1 << KIND_SHIFT) - 1
 
 
 @dataclass(frozen=True, eq=False)
@@ -88,18 +100,24 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
     """A lower bound on the step time of any placement, in us.
 
     ``max(sum(t_min) / n_devices, critical path of t_min)`` where ``t_min`` is each op's
-    fastest time over the devices; communication counts as zero.
+    fastest time over the devices; communication counts as zero. Under ``placeto``
+    semantics the launch gap does not delay an op's output, so the path counts the gap of
+    its last op only.
     """
-    return _lower_bound(graph, compute_times(graph, cluster), tie_rank(graph))
+    work = work_times(graph, cluster) if cluster.semantics == "placeto" else None
+    return _lower_bound(graph, compute_times(graph, cluster), tie_rank(graph), work)
 
 
-def _lower_bound(graph: OpGraph, times: np.ndarray, rank: np.ndarray) -> float:
+def _lower_bound(graph: OpGraph, times: np.ndarray, rank: np.ndarray,
+                 work: np.ndarray | None) -> float:
     if graph.n_nodes == 0:
         return 0.0
     t_min = times.min(axis=1)
     total = float(np.sum(t_min[np.argsort(rank)]))  # summed in a numbering-free order
     ptr, idx = graph.pred_csr
-    return max(total / times.shape[1], _critical_path(graph.topo_order, ptr, idx, t_min))
+    path = t_min if work is None else work.min(axis=1)
+    return max(total / times.shape[1],
+               _critical_path(graph.topo_order, ptr, idx, path, t_min))
 
 
 def check_placement(graph: OpGraph, cluster: Cluster, placement: Any) -> np.ndarray:
@@ -119,6 +137,19 @@ def check_placement(graph: OpGraph, cluster: Cluster, placement: Any) -> np.ndar
     return np.ascontiguousarray(a, dtype=np.int64)
 
 
+class Transfer(NamedTuple):
+    """One transfer of a simulated step: ``node``'s output sent from device ``src`` to the
+    devices ``dst`` (one device, except under ``placeto`` semantics), ``bytes`` bytes, on
+    its queue from ``start_us`` until it arrives at ``end_us``."""
+
+    node: int
+    src: int
+    dst: tuple[int, ...]
+    bytes: float
+    start_us: float
+    end_us: float
+
+
 class Simulator:
     """Simulate many placements of one graph on one cluster.
 
@@ -135,27 +166,46 @@ class Simulator:
         self.compute_us = compute_times(graph, cluster)
         n = graph.n_nodes
         rank = tie_rank(graph)
-        self.lower_bound_us = _lower_bound(graph, self.compute_us, rank)
-        self._rank = rank
-        self._node_at = np.argsort(rank)
-        # Edges in a numbering-free order: leaving a node by the consumer's rank, entering
-        # a node by the producer's rank.
-        out = np.lexsort((rank[graph.dst], rank[graph.src]))
-        inn = np.lexsort((rank[graph.src], rank[graph.dst]))
-        self._out_ptr = _ptr_by_rank(graph.src[out], self._node_at, n)
-        self._out_eid = out.astype(np.int64)
-        self._in_ptr = _ptr_by_rank(graph.dst[inn], self._node_at, n)
-        self._in_eid = inn.astype(np.int64)
-        self._param_mem = graph.param_bytes * cluster.param_copies
+        node_at = np.argsort(rank)
+        self._rank, self._node_at = rank, node_at
+        self._placeto = cluster.semantics == "placeto"
+        work = work_times(graph, cluster) if self._placeto else None
+        self.lower_bound_us = _lower_bound(graph, self.compute_us, rank, work)
         self._capacity = np.array([d.memory for d in cluster.devices])
-        self._model = LINK_MODELS.index(cluster.link_model)
-
-    def _args(self) -> tuple:
-        g, c = self.graph, self.cluster
-        return (self.compute_us, self._rank, self._node_at, g.src, g.dst, g.edge_bytes,
-                self._out_ptr, self._out_eid, self._in_ptr, self._in_eid,
-                g.output_bytes, self._param_mem, c.bandwidth, c.latency, self._model,
-                c.busy_after_us)
+        # Everything the core reads is laid out in rank order (node of rank r at row r,
+        # each node's edges contiguous and sorted by the other end's rank), so that a
+        # step, which proceeds roughly in rank order, reads memory roughly in sequence.
+        src_r, dst_r = rank[graph.src], rank[graph.dst]
+        out = np.lexsort((dst_r, src_r))
+        inn = np.lexsort((src_r, dst_r))
+        out_pos = np.empty(graph.n_edges, dtype=np.int64)
+        out_pos[out] = np.arange(graph.n_edges)
+        optr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(src_r, minlength=n), out=optr[1:])
+        iptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(dst_r, minlength=n), out=iptr[1:])
+        # in-edge k of rank r: producer's rank isrc[k]; its position in the out-edges iout[k]
+        graph_arrays = (node_at, optr, dst_r[out], iptr, src_r[inn], out_pos[inn],
+                        graph.output_bytes[node_at],
+                        (graph.param_bytes * cluster.param_copies)[node_at])
+        if not self._placeto:
+            self._args = (np.ascontiguousarray(self.compute_us[node_at]), *graph_arrays,
+                          graph.edge_bytes[out], cluster.bandwidth, cluster.latency,
+                          LINK_MODELS.index(cluster.link_model), cluster.busy_after_us)
+            return
+        gap = np.array([d.launch_us for d in cluster.devices])
+        work_r = np.ascontiguousarray(work[node_at])
+        off = np.argmax(~np.eye(cluster.n_devices, dtype=bool), axis=1)  # any other device
+        rows = np.arange(cluster.n_devices)
+        name_rank = _name_rank(graph)[node_at]
+        # Placeto's tensor has one size: its largest edge
+        tensor = np.zeros(n)
+        np.maximum.at(tensor, src_r, graph.edge_bytes)
+        self._args = (work_r, np.where(work_r != 0.0, gap, 0.0), *graph_arrays, tensor,
+                      name_rank, np.argsort(name_rank),
+                      rank[np.flatnonzero(graph.in_degree == 0)],
+                      cluster.latency[rows, off], cluster.bandwidth[rows, off],
+                      cluster.busy_after_us)
 
     def _one(self, placement: Any) -> np.ndarray:
         p = check_placement(self.graph, self.cluster, placement)
@@ -164,10 +214,17 @@ class Simulator:
                                  "for many")
         return p
 
+    def _core(self, placement: np.ndarray, record: bool) -> tuple:
+        core = _simulate_placeto if self._placeto else _simulate
+        return core(placement, record, *self._args)
+
     def run(self, placement: Any) -> SimResult:
         """Simulate one placement (device index per node) in full."""
-        step, start, finish, busy, peak, moved, n_tr = _simulate(self._one(placement),
-                                                                 *self._args())
+        return self._result(self._core(self._one(placement), False))
+
+    def _result(self, out: tuple) -> SimResult:
+        step, start, finish, busy, peak, moved, n_tr = out[:7]
+        start, finish = start[self._rank], finish[self._rank]  # rank order to node order
         return SimResult(
             step_time_us=step, lower_bound_us=self.lower_bound_us,
             efficiency=self.lower_bound_us / step if step > 0 else 1.0,
@@ -175,16 +232,35 @@ class Simulator:
             feasible=bool(np.all(peak <= self._capacity)), start_us=start, finish_us=finish,
         )
 
+    def timeline(self, placement: Any) -> Timeline:
+        """`run`, recording every transfer too: the `Timeline` that
+        :mod:`travorder.placement.timeline` draws and exports (slower than `run`)."""
+        from travorder.placement.timeline import Timeline
+
+        p = self._one(placement)
+        out = self._core(p, True)
+        tr_node, tr_start, tr_end, tr_bytes, copy_dev, copy_tr = out[7:]
+        dst: list[list[int]] = [[] for _ in range(tr_node.size)]
+        for x, k in zip(copy_dev.tolist(), copy_tr.tolist(), strict=True):
+            dst[k].append(x)
+        nodes = self._node_at[tr_node].tolist()
+        transfers = tuple(
+            Transfer(v, int(p[v]), tuple(d), b, s, e) for v, d, b, s, e in zip(
+                nodes, dst, tr_bytes.tolist(), tr_start.tolist(), tr_end.tolist(),
+                strict=True))
+        return Timeline(self.graph, self.cluster, p, self._result(out), transfers)
+
     def step_time(self, placement: Any) -> float:
         """The step time of one placement, in us (`run` for everything else)."""
-        return _simulate(self._one(placement), *self._args())[0]
+        return self._core(self._one(placement), False)[0]
 
     def run_batch(self, placements: Any) -> BatchResult:
         """Step times and feasibility of a ``(k, n_nodes)`` array of placements."""
         p = check_placement(self.graph, self.cluster, placements)
         if p.ndim != 2:
             raise TravorderError("run_batch() takes a 2-D array, one placement per row")
-        steps, feasible = _simulate_batch(p, self._capacity, *self._args())
+        batch = _batch_placeto if self._placeto else _batch
+        steps, feasible = batch(p, self._capacity, *self._args)
         return BatchResult(steps, feasible)
 
 
@@ -193,22 +269,20 @@ def simulate(graph: OpGraph, placement: Any, cluster: Cluster) -> SimResult:
     return Simulator(graph, cluster).run(placement)
 
 
-def _ptr_by_rank(key: np.ndarray, node_at: np.ndarray, n: int) -> np.ndarray:
-    """``(n, 2)`` start/stop of each node's edges in an edge list sorted by node rank
-    (``node_at[r]`` is the node of rank ``r``)."""
-    counts = np.bincount(key, minlength=n)
-    ptr = np.empty((n, 2), dtype=np.int64)
-    ptr[node_at, 1] = np.cumsum(counts[node_at])
-    ptr[:, 0] = ptr[:, 1] - counts
-    return ptr
+def _name_rank(graph: OpGraph) -> np.ndarray:
+    """Each node's position in name order (Placeto breaks equal-time events by name)."""
+    rank = np.empty(graph.n_nodes, dtype=np.int64)
+    rank[np.argsort(graph.names, kind="stable")] = np.arange(graph.n_nodes)
+    return rank
 
 
 # --------------------------------------------------------------------- compiled core
 
 
 @njit(cache=True)
-def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.ndarray
-                   ) -> float:
+def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.ndarray,
+                   last: np.ndarray) -> float:
+    """The longest path where every op takes ``cost`` but the path's last op ``last``."""
     finish = np.zeros(cost.size)
     longest = 0.0
     for v in topo:
@@ -217,8 +291,8 @@ def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.
             if finish[idx[k]] > t:
                 t = finish[idx[k]]
         finish[v] = t + cost[v]
-        if finish[v] > longest:
-            longest = finish[v]
+        if t + last[v] > longest:
+            longest = t + last[v]
     return longest
 
 
@@ -262,73 +336,63 @@ def _ev_pop(ht, hk, size):
 
 
 @njit(cache=True)
-def _before(u, v, ready, rank):
-    return ready[u] < ready[v] or (ready[u] == ready[v] and rank[u] < rank[v])
-
-
-@njit(cache=True)
-def _rq_push(heap, base, size, v, ready, rank):
-    """Push op v on a device's ready heap (heap[base:base+size]); returns the new size."""
-    i = size
-    while i > 0:
-        p = (i - 1) >> 1
-        if _before(heap[base + p], v, ready, rank):
-            break
-        heap[base + i] = heap[base + p]
-        i = p
-    heap[base + i] = v
-    return size + 1
-
-
-@njit(cache=True)
-def _rq_pop(heap, base, size, ready, rank):
-    size -= 1
-    v = heap[base + size]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and _before(heap[base + c + 1], heap[base + c], ready, rank):
-            c += 1
-        if _before(v, heap[base + c], ready, rank):
-            break
-        heap[base + i] = heap[base + c]
-        i = c
-    heap[base + i] = v
-    return size
-
-
-@njit(cache=True)
-def _simulate(place, times, rank, node_at, src, dst, ebytes, out_ptr, out_eid, in_ptr,
-              in_eid, out_bytes, param_mem, bw, lat, model, busy_after):
-    n = place.size
-    n_dev = bw.shape[0]
-    m = src.size
-    cost = np.empty(n)
-    for v in range(n):
-        cost[v] = times[v, place[v]]
-
-    # memory: parameters first, summed in rank order
-    mem = np.zeros(n_dev)
+def _places(place, node_at, n_dev):
+    """The device of each rank, and where each device's slice of a per-node queue begins."""
+    n = node_at.size
+    pl = np.empty(n, dtype=np.int32)  # small, as it is read at random
+    base = np.zeros(n_dev + 1, dtype=np.int64)
     for r in range(n):
-        v = node_at[r]
-        mem[place[v]] += param_mem[v]
+        pl[r] = place[node_at[r]]
+        base[pl[r] + 1] += 1
+    for d in range(n_dev):
+        base[d + 1] += base[d]
+    return pl, base
+
+
+@njit(cache=True)
+def _param_memory(pl, param_mem, n_dev):
+    mem = np.zeros(n_dev)
+    for r in range(pl.size):
+        mem[pl[r]] += param_mem[r]
+    return mem
+
+
+@njit(cache=True)
+def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
+              param_mem, obytes, bw, lat, model, busy_after):
+    """travorder's semantics, in rank space (node ``node_at[r]`` is rank ``r``): returns
+    the step time, start and finish per rank, busy time and peak memory per device, bytes
+    moved, the number of transfers and, if ``record``, the transfers.
+
+    Each device's ready ops, in (ready time, rank) order, are in two queues in its slice
+    ``base[d]:base[d+1]``: ops ready as soon as they are found ready (their last input
+    was already on the device) are appended in order to a list (``at``/``av`` from
+    ``a_head`` to ``a_tail``: the simulated time only grows); ops waiting for a transfer
+    go on a binary min-heap (``ft``/``fv``, ``f_size``). A device's first op is the
+    smaller of the two heads. (One heap for all would cost a sift through all of a wide
+    layer per op.)"""
+    n = node_at.size
+    n_dev = bw.shape[0]
+    m = odst.size
+    pl, base = _places(place, node_at, n_dev)
+    mem = _param_memory(pl, param_mem, n_dev)
     peak = mem.copy()
+    cost = np.empty(n)  # read at random later: 8 bytes per op rather than a row of times
+    for r in range(n):
+        cost[r] = times[r, pl[r]]
 
-    # per-device ready heaps, laid out one after the other in `rq`
-    rq = np.empty(n, dtype=np.int64)
-    rq_base = np.zeros(n_dev, dtype=np.int64)
-    rq_size = np.zeros(n_dev, dtype=np.int64)
-    counts = np.bincount(place, minlength=n_dev)
-    for d in range(1, n_dev):
-        rq_base[d] = rq_base[d - 1] + counts[d - 1]
-
-    waiting = np.zeros(n, dtype=np.int64)
-    uses_left = np.zeros(n, dtype=np.int64)
-    for e in range(m):
-        waiting[dst[e]] += 1
-        uses_left[src[e]] += 1
+    at = np.empty(n)
+    av = np.empty(n, dtype=np.int64)
+    a_head = base[:n_dev].copy()
+    a_tail = base[:n_dev].copy()
+    ft = np.empty(n)
+    fv = np.empty(n, dtype=np.int64)
+    f_size = np.zeros(n_dev, dtype=np.int64)
+    waiting = np.empty(n, dtype=np.int64)
+    uses_left = np.empty(n, dtype=np.int64)
+    for r in range(n):
+        waiting[r] = iptr[r + 1] - iptr[r]
+        uses_left[r] = optr[r + 1] - optr[r]
     ready = np.zeros(n)
     start = np.zeros(n)
     finish = np.zeros(n)
@@ -337,152 +401,445 @@ def _simulate(place, times, rank, node_at, src, dst, ebytes, out_ptr, out_eid, i
     busy = np.zeros(n_dev)
     qfree = np.zeros((n_dev, n_dev))  # queue free times: bus/channel row 0, link per pair
 
-    # transfers
+    # received copies: device, bytes, consumers left; per out-edge, the copy it reads
     cap = max(m, 1)
-    copy_of_edge = np.full(m, -1, dtype=np.int64)
+    copy_of = np.empty(cap, dtype=np.int64)
     copy_dev = np.empty(cap, dtype=np.int64)
     copy_bytes = np.empty(cap)
     copy_left = np.empty(cap, dtype=np.int64)
+    # Transfers between one pair of devices start in the order they are granted (they
+    # share the sender's queue, or the pair's link), so the event heap holds only the
+    # next transfer of each pair; the others wait in a per-pair list (next_copy).
+    copy_start = np.empty(cap)
+    next_copy = np.empty(cap, dtype=np.int64)
+    pair_tail = np.full(n_dev * n_dev, -1, dtype=np.int64)
+    rec = cap if record else 0
+    tr_node = np.empty(rec, dtype=np.int64)
+    tr_end = np.empty(rec)
     n_copies = 0
     moved = 0.0
     max_b = np.empty(n_dev)
-    n_cons = np.empty(n_dev, dtype=np.int64)
+    n_cons = np.zeros(n_dev, dtype=np.int64)
     arrival = np.empty(n_dev)
     copy_id = np.empty(n_dev, dtype=np.int64)
 
-    # event heap: key = kind * K + id, compared after the time
-    big = n + m + n_dev + 1
+    # event heap of (time, kind << KIND_SHIFT | id)
     ev_cap = 3 * n + m + n_dev + 1
     ht = np.empty(ev_cap)
     hk = np.empty(ev_cap, dtype=np.int64)
     n_ev = 0
 
     for r in range(n):
-        v = node_at[r]
-        if waiting[v] == 0:
-            d = place[v]
-            rq_size[d] = _rq_push(rq, rq_base[d], rq_size[d], v, ready, rank)
+        if waiting[r] == 0:
+            d = pl[r]
+            at[a_tail[d]] = 0.0
+            av[a_tail[d]] = r
+            a_tail[d] += 1
     for d in range(n_dev):
-        if rq_size[d] > 0:
-            n_ev = _ev_push(ht, hk, n_ev, 0.0, DISPATCH * big + d)
+        if a_tail[d] > a_head[d]:
+            n_ev = _ev_push(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
 
     step = 0.0
     while n_ev > 0:
         t = ht[0]
         key = hk[0]
         n_ev = _ev_pop(ht, hk, n_ev)
-        kind = key // big
-        ident = key - kind * big
+        kind = key >> KIND_SHIFT
+        ident = key & ID_MASK
         if kind == DISPATCH:
             d = ident
-            if running[d] or rq_size[d] == 0 or ready[rq[rq_base[d]]] > t:
+            if running[d]:
                 continue
-            v = rq[rq_base[d]]
-            rq_size[d] = _rq_pop(rq, rq_base[d], rq_size[d], ready, rank)
+            h = a_head[d]
+            b = base[d]
+            if h < a_tail[d] and (f_size[d] == 0 or at[h] < ft[b]
+                                  or (at[h] == ft[b] and av[h] < fv[b])):
+                if at[h] > t:
+                    n_ev = _ev_push(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
+                    continue
+                r = av[h]
+                a_head[d] += 1
+            elif f_size[d] > 0:
+                if ft[b] > t:
+                    n_ev = _ev_push(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
+                    continue
+                r = fv[b]
+                f_size[d] = _rq_pop(ft, fv, b, f_size[d])
+            else:
+                continue
             running[d] = True
-            start[v] = t
-            busy[d] += cost[v]
-            mem[d] += out_bytes[v]
+            start[r] = t
+            busy[d] += cost[r]
+            mem[d] += out_bytes[r]
             if mem[d] > peak[d]:
                 peak[d] = mem[d]
-            n_ev = _ev_push(ht, hk, n_ev, t + cost[v], FINISH * big + rank[v])
+            n_ev = _ev_push(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
         elif kind == SEND:
             c = ident
             d = copy_dev[c]
             mem[d] += copy_bytes[c]
             if mem[d] > peak[d]:
                 peak[d] = mem[d]
+            nxt = next_copy[c]
+            next_copy[c] = -2  # sent
+            if nxt >= 0:
+                n_ev = _ev_push(ht, hk, n_ev, copy_start[nxt], (SEND << KIND_SHIFT) + nxt)
         else:
-            v = node_at[ident]
-            d = place[v]
+            r = ident
+            d = pl[r]
             running[d] = False
             free_at[d] = t
-            finish[v] = t
+            finish[r] = t
             step = t
             # free the inputs this op was the last to use
-            for k in range(in_ptr[v, 0], in_ptr[v, 1]):
-                e = in_eid[k]
-                u = src[e]
-                c = copy_of_edge[e]
-                if c >= 0:
+            for k in range(iptr[r], iptr[r + 1]):
+                u = isrc[k]
+                if pl[u] != d:
+                    c = copy_of[iout[k]]
                     copy_left[c] -= 1
                     if copy_left[c] == 0:
                         mem[d] -= copy_bytes[c]
                 uses_left[u] -= 1
                 if uses_left[u] == 0:
-                    mem[place[u]] -= out_bytes[u]
-            if out_ptr[v, 1] == out_ptr[v, 0]:
-                mem[d] -= out_bytes[v]
+                    mem[pl[u]] -= out_bytes[u]
+            o0 = optr[r]
+            o1 = optr[r + 1]
+            if o1 == o0:
+                mem[d] -= out_bytes[r]
             # one transfer per destination device, carrying the largest edge to it
-            for x in range(n_dev):
-                max_b[x] = -1.0
-                n_cons[x] = 0
-            for k in range(out_ptr[v, 0], out_ptr[v, 1]):
-                e = out_eid[k]
-                x = place[dst[e]]
+            remote = False
+            for k in range(o0, o1):
+                x = pl[odst[k]]
                 if x != d:
+                    if n_cons[x] == 0 or obytes[k] > max_b[x]:
+                        max_b[x] = obytes[k]
                     n_cons[x] += 1
-                    if ebytes[e] > max_b[x]:
-                        max_b[x] = ebytes[e]
+                    remote = True
             arrival[d] = t
-            for x in range(n_dev):
-                if n_cons[x] == 0:
-                    continue
-                dur = lat[d, x] + max_b[x] / bw[d, x]
-                if model == 0:  # bus: one queue per sender
-                    s = t if t > qfree[0, d] else qfree[0, d]
-                    end = s + dur
-                    qfree[0, d] = end + busy_after
-                elif model == 1:  # channel: sender's and receiver's queue, both
-                    s = t if t > qfree[0, d] else qfree[0, d]
-                    if qfree[0, x] > s:
-                        s = qfree[0, x]
-                    end = s + dur
-                    qfree[0, d] = end + busy_after
-                    qfree[0, x] = end + busy_after
-                else:  # link: one queue per ordered pair
-                    s = t if t > qfree[d, x] else qfree[d, x]
-                    end = s + dur
-                    qfree[d, x] = end + busy_after
-                arrival[x] = end
-                copy_id[x] = n_copies
-                copy_dev[n_copies] = x
-                copy_bytes[n_copies] = max_b[x]
-                copy_left[n_copies] = n_cons[x]
-                moved += max_b[x]
-                n_ev = _ev_push(ht, hk, n_ev, s, SEND * big + n_copies)
-                n_copies += 1
-            for k in range(out_ptr[v, 0], out_ptr[v, 1]):
-                e = out_eid[k]
-                u = dst[e]
-                x = place[u]
+            if remote:
+                for x in range(n_dev):
+                    if n_cons[x] == 0:
+                        continue
+                    dur = lat[d, x] + max_b[x] / bw[d, x]
+                    if model == 0:  # bus: one queue per sender
+                        s = t if t > qfree[0, d] else qfree[0, d]
+                        end = s + dur
+                        qfree[0, d] = end + busy_after
+                    elif model == 1:  # channel: sender's and receiver's queue, both
+                        s = t if t > qfree[0, d] else qfree[0, d]
+                        if qfree[0, x] > s:
+                            s = qfree[0, x]
+                        end = s + dur
+                        qfree[0, d] = end + busy_after
+                        qfree[0, x] = end + busy_after
+                    else:  # link: one queue per ordered pair
+                        s = t if t > qfree[d, x] else qfree[d, x]
+                        end = s + dur
+                        qfree[d, x] = end + busy_after
+                    arrival[x] = end
+                    c = n_copies
+                    copy_id[x] = c
+                    copy_dev[c] = x
+                    copy_bytes[c] = max_b[x]
+                    copy_left[c] = n_cons[x]
+                    copy_start[c] = s
+                    n_cons[x] = 0
+                    if record:
+                        tr_node[c] = r
+                        tr_end[c] = end
+                    moved += max_b[x]
+                    next_copy[c] = -1
+                    q = d * n_dev + x
+                    last = pair_tail[q]
+                    pair_tail[q] = c
+                    if last >= 0 and next_copy[last] == -1:  # last not sent yet: queue c
+                        next_copy[last] = c
+                    else:
+                        n_ev = _ev_push(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
+                    n_copies += 1
+            for k in range(o0, o1):
+                u = odst[k]
+                x = pl[u]
                 if x != d:
-                    copy_of_edge[e] = copy_id[x]
+                    copy_of[k] = copy_id[x]
                 if arrival[x] > ready[u]:
                     ready[u] = arrival[x]
                 waiting[u] -= 1
                 if waiting[u] == 0:
-                    rq_size[x] = _rq_push(rq, rq_base[x], rq_size[x], u, ready, rank)
-                    if not running[x] and rq[rq_base[x]] == u:
-                        s = ready[u] if ready[u] > free_at[x] else free_at[x]
-                        n_ev = _ev_push(ht, hk, n_ev, s, DISPATCH * big + x)
-            if rq_size[d] > 0:
-                u = rq[rq_base[d]]
-                s = ready[u] if ready[u] > t else t
-                n_ev = _ev_push(ht, hk, n_ev, s, DISPATCH * big + d)
-    return step, start, finish, busy, peak, moved, n_copies
+                    rt = ready[u]
+                    b = base[x]
+                    h = a_head[x]
+                    if rt == t:  # append, after the ops of this time with a lower rank
+                        i = a_tail[x]
+                        a_tail[x] += 1
+                        while i > h and at[i - 1] == rt and av[i - 1] > u:
+                            at[i] = at[i - 1]
+                            av[i] = av[i - 1]
+                            i -= 1
+                        at[i] = rt
+                        av[i] = u
+                        first = i == h and (f_size[x] == 0 or rt < ft[b]
+                                            or (rt == ft[b] and u < fv[b]))
+                    else:
+                        f_size[x] = _rq_push(ft, fv, b, f_size[x], rt, u)
+                        first = fv[b] == u and (h == a_tail[x] or rt < at[h]
+                                                or (rt == at[h] and u < av[h]))
+                    if first and not running[x]:
+                        s = rt if rt > free_at[x] else free_at[x]
+                        n_ev = _ev_push(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
+            if a_tail[d] > a_head[d] or f_size[d] > 0:  # waits, at worst, for its first op
+                n_ev = _ev_push(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
+    k = n_copies if record else 0
+    return (step, start, finish, busy, peak, moved,
+            n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
+            copy_dev[:k].copy(), np.arange(k))
 
 
 @njit(cache=True)
-def _simulate_batch(places, capacity, times, rank, node_at, src, dst, ebytes, out_ptr,
-                    out_eid, in_ptr, in_eid, out_bytes, param_mem, bw, lat, model,
-                    busy_after):
+def _rq_push(rq_t, rq_v, base, size, t, v):
+    """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
+    i = size
+    while i > 0:
+        p = (i - 1) >> 1
+        pt = rq_t[base + p]
+        if pt < t or (pt == t and rq_v[base + p] < v):
+            break
+        rq_t[base + i] = pt
+        rq_v[base + i] = rq_v[base + p]
+        i = p
+    rq_t[base + i] = t
+    rq_v[base + i] = v
+    return size + 1
+
+
+@njit(cache=True)
+def _rq_pop(rq_t, rq_v, base, size):
+    """Remove the first op of a device's ready heap; returns the new size."""
+    size -= 1
+    t = rq_t[base + size]
+    v = rq_v[base + size]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        ct = rq_t[base + c]
+        cv = rq_v[base + c]
+        if c + 1 < size:
+            nt = rq_t[base + c + 1]
+            nv = rq_v[base + c + 1]
+            if nt < ct or (nt == ct and nv < cv):
+                c += 1
+                ct = nt
+                cv = nv
+        if t < ct or (t == ct and v < cv):
+            break
+        rq_t[base + i] = ct
+        rq_v[base + i] = cv
+        i = c
+    rq_t[base + i] = t
+    rq_v[base + i] = v
+    return size
+
+
+@njit(cache=True)
+def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc, iout,
+                      out_bytes, param_mem, tensor, name_rank, by_name, sources, bus_lat,
+                      bus_bw, busy_after):
+    """Placeto's semantics (docs/simulator.md), in rank space like `_simulate`.
+
+    Events, at equal times in this order: op finishes (memory only), an input arriving
+    (by producer name, then consumer name), a bus taking its next transfer, a device
+    taking its next op (both by device index). Device and bus queues are FIFO."""
+    n = node_at.size
+    n_dev = bus_bw.size
+    m = odst.size
+    pl, base = _places(place, node_at, n_dev)
+    mem = _param_memory(pl, param_mem, n_dev)
+    peak = mem.copy()
+
+    dq = np.empty(n, dtype=np.int64)  # device FIFO queues, slice base[d]:base[d+1]
+    bq = np.empty(n, dtype=np.int64)  # bus FIFO queues of producers, same slices
+    dq_head = base[:n_dev].copy()
+    dq_tail = base[:n_dev].copy()
+    bq_head = base[:n_dev].copy()
+    bq_tail = base[:n_dev].copy()
+    dev_pending = np.zeros(n_dev, dtype=np.bool_)  # an event of this device is queued
+    bus_pending = np.zeros(n_dev, dtype=np.bool_)
+    waiting = np.empty(n, dtype=np.int64)
+    uses_left = np.empty(n, dtype=np.int64)
+    for r in range(n):
+        waiting[r] = iptr[r + 1] - iptr[r]
+        uses_left[r] = optr[r + 1] - optr[r]
+    start = np.zeros(n)
+    finish = np.zeros(n)
+    busy = np.zeros(n_dev)
+
+    cap = max(m, 1)
+    copy_of = np.empty(cap, dtype=np.int64)
+    copy_dev = np.empty(cap, dtype=np.int64)
+    copy_tr = np.empty(cap, dtype=np.int64)
+    copy_left = np.empty(cap, dtype=np.int64)
+    copy_bytes = np.empty(cap)
+    n_copies = 0
+    rec = n if record else 0
+    tr_node = np.empty(rec, dtype=np.int64)
+    tr_start = np.empty(rec)
+    tr_end = np.empty(rec)
+    n_tr = 0
+    moved = 0.0
+    n_cons = np.zeros(n_dev, dtype=np.int64)
+    copy_id = np.empty(n_dev, dtype=np.int64)
+
+    # event heap of (time, kind << KIND_SHIFT | id); an arrival's id: the producer's and
+    # then the consumer's name rank
+    ev_cap = 2 * n + m + 2 * n_dev + 1
+    ht = np.empty(ev_cap)
+    hk = np.empty(ev_cap, dtype=np.int64)
+    n_ev = 0
+
+    for r in sources:  # in the graph's node order
+        d = pl[r]
+        dq[dq_tail[d]] = r
+        dq_tail[d] += 1
+        if not dev_pending[d]:
+            dev_pending[d] = True
+            n_ev = _ev_push(ht, hk, n_ev, 0.0, (P_DEVICE << KIND_SHIFT) + d)
+
+    step = 0.0
+    while n_ev > 0:
+        t = ht[0]
+        key = hk[0]
+        n_ev = _ev_pop(ht, hk, n_ev)
+        kind = key >> KIND_SHIFT
+        ident = key & ID_MASK
+        if t > step:
+            step = t
+        if kind == P_FINISH:
+            r = ident
+            d = pl[r]
+            for k in range(iptr[r], iptr[r + 1]):
+                u = isrc[k]
+                if pl[u] != d:
+                    c = copy_of[iout[k]]
+                    copy_left[c] -= 1
+                    if copy_left[c] == 0:
+                        mem[d] -= copy_bytes[c]
+                uses_left[u] -= 1
+                if uses_left[u] == 0:
+                    mem[pl[u]] -= out_bytes[u]
+            if optr[r + 1] == optr[r]:
+                mem[d] -= out_bytes[r]
+        elif kind == P_ARRIVE:
+            r = by_name[ident % n]  # the consumer; its producer's name only orders events
+            waiting[r] -= 1
+            if waiting[r] == 0:
+                d = pl[r]
+                dq[dq_tail[d]] = r
+                dq_tail[d] += 1
+                if not dev_pending[d]:
+                    dev_pending[d] = True
+                    n_ev = _ev_push(ht, hk, n_ev, t, (P_DEVICE << KIND_SHIFT) + d)
+        elif kind == P_BUS:
+            d = ident
+            if bq_head[d] == bq_tail[d]:
+                bus_pending[d] = False
+                continue
+            r = bq[bq_head[d]]
+            if finish[r] > t:  # the tensor is not computed yet
+                n_ev = _ev_push(ht, hk, n_ev, finish[r], (P_BUS << KIND_SHIFT) + d)
+                continue
+            bq_head[d] += 1
+            end = t + (bus_lat[d] + tensor[r] / bus_bw[d])
+            nb = tensor[r]
+            for k in range(optr[r], optr[r + 1]):
+                x = pl[odst[k]]
+                if x != d:
+                    n_cons[x] += 1
+                    n_ev = _ev_push(ht, hk, n_ev, end, (P_ARRIVE << KIND_SHIFT)
+                                    + name_rank[r] * n + name_rank[odst[k]])
+            for x in range(n_dev):
+                if n_cons[x] == 0:
+                    continue
+                copy_id[x] = n_copies
+                copy_dev[n_copies] = x
+                copy_tr[n_copies] = n_tr
+                copy_bytes[n_copies] = nb
+                copy_left[n_copies] = n_cons[x]
+                n_cons[x] = 0
+                n_copies += 1
+                mem[x] += nb
+                if mem[x] > peak[x]:
+                    peak[x] = mem[x]
+            for k in range(optr[r], optr[r + 1]):
+                x = pl[odst[k]]
+                if x != d:
+                    copy_of[k] = copy_id[x]
+            if record:
+                tr_node[n_tr] = r
+                tr_start[n_tr] = t
+                tr_end[n_tr] = end
+            n_tr += 1
+            moved += nb
+            n_ev = _ev_push(ht, hk, n_ev, end + busy_after, (P_BUS << KIND_SHIFT) + d)
+        else:
+            d = ident
+            if dq_head[d] == dq_tail[d]:
+                dev_pending[d] = False
+                continue
+            r = dq[dq_head[d]]
+            dq_head[d] += 1
+            start[r] = t
+            end = t + work[r, d]
+            finish[r] = end
+            busy[d] += work[r, d] + gap[r, d]
+            mem[d] += out_bytes[r]
+            if mem[d] > peak[d]:
+                peak[d] = mem[d]
+            n_ev = _ev_push(ht, hk, n_ev, end + gap[r, d], (P_DEVICE << KIND_SHIFT) + d)
+            n_ev = _ev_push(ht, hk, n_ev, end, (P_FINISH << KIND_SHIFT) + r)
+            remote = False
+            for k in range(optr[r], optr[r + 1]):
+                if pl[odst[k]] == d:
+                    n_ev = _ev_push(ht, hk, n_ev, end, (P_ARRIVE << KIND_SHIFT)
+                                    + name_rank[r] * n + name_rank[odst[k]])
+                else:
+                    remote = True
+            if remote:  # one transfer for the tensor, queued on the bus at the op's end
+                bq[bq_tail[d]] = r
+                bq_tail[d] += 1
+                if not bus_pending[d]:
+                    bus_pending[d] = True
+                    n_ev = _ev_push(ht, hk, n_ev, end, (P_BUS << KIND_SHIFT) + d)
+    k = n_tr if record else 0
+    kc = n_copies if record else 0
+    tr_bytes = np.empty(k)
+    for i in range(k):
+        tr_bytes[i] = tensor[tr_node[i]]
+    return (step, start, finish, busy, peak, moved,
+            n_tr, tr_node[:k], tr_start[:k], tr_end[:k], tr_bytes, copy_dev[:kc].copy(),
+            copy_tr[:kc].copy())
+
+
+@njit(cache=True)
+def _batch(places, capacity, *args):
     k = places.shape[0]
     steps = np.empty(k)
     feasible = np.empty(k, dtype=np.bool_)
     for i in range(k):
-        res = _simulate(places[i], times, rank, node_at, src, dst, ebytes, out_ptr, out_eid,
-                        in_ptr, in_eid, out_bytes, param_mem, bw, lat, model, busy_after)
+        res = _simulate(places[i], False, *args)
+        steps[i] = res[0]
+        feasible[i] = np.all(res[4] <= capacity)
+    return steps, feasible
+
+
+@njit(cache=True)
+def _batch_placeto(places, capacity, *args):
+    k = places.shape[0]
+    steps = np.empty(k)
+    feasible = np.empty(k, dtype=np.bool_)
+    for i in range(k):
+        res = _simulate_placeto(places[i], False, *args)
         steps[i] = res[0]
         feasible[i] = np.all(res[4] <= capacity)
     return steps, feasible

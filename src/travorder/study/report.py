@@ -14,7 +14,11 @@ For each placer and scenario in the store (clusters pooled):
 - ``ratio_<placer>_<scenario>.png``: per order, the ratio of its step time to the best
   order's on each graph (box plot over graphs, points for the graphs);
 - ``curves_<cluster>.png`` (when the store has ``rl`` runs): the mean RL learning curve
-  per order, each run's step time per episode divided by its first episode's.
+  per order, each run's step time per episode divided by its first episode's;
+- ``timeline_<placer>_<cluster>_<family>.png``: per family, the simulated step of the best
+  and of the worst order (the seed nearest each order's median) on one graph, the
+  family's graph where they differ most that can be found again (in the bundled corpus,
+  by hash, or at its source path) and prepares to the graph the jobs placed.
 
 The recommendations table gives, per placer, scenario and family (over its clusters), the order
 with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
@@ -228,6 +232,73 @@ def _curves(store_path: str | os.PathLike[str], out: Path, study: str | None
     return paths
 
 
+def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
+               study: str | None) -> list[tuple[str, Path]]:
+    """The timeline figures (see the module docstring): (placer and cluster, file)."""
+    import pandas as pd
+
+    from travorder.placement import Cluster, Simulator
+    from travorder.placement.timeline import plot_gantt
+    from travorder.study.store import decode_placement
+
+    with ResultStore(store_path, create=False) as store:
+        where, params = study_filter(store, study)
+        jobs = pd.read_sql_query(
+            "SELECT graph_hash, graph_name, cluster, cluster_hash, placer, config_hash, "
+            "order_name, seed, step_time_us, placement, study_hash FROM jobs WHERE status = "
+            f"'done' AND placement IS NOT NULL{where}", store.connection, params=params)
+        clusters = dict(store.connection.execute(
+            "SELECT cluster_hash, definition FROM clusters").fetchall())
+    table = ratios(data).replace(np.inf, np.nan)
+    figures = []
+    for (placer, cluster, family), part in data.groupby(["placer", "cluster", "family"]):
+        spread = (table.loc[part.index].max(axis=1) / table.loc[part.index].min(axis=1))
+        for idx in spread[spread > 1].sort_values(ascending=False).index:
+            row = data.loc[idx]
+            graph = _study_graph(row)
+            if graph is None:
+                continue
+            worst = str(table.loc[idx].idxmax())
+            tls, titles = [], []
+            for order in (row["best_order"], worst):
+                runs = jobs[(jobs.graph_hash == row["graph_hash"])
+                            & (jobs.graph_name == row["graph"]) & (jobs.cluster == cluster)
+                            & (jobs.placer == placer) & (jobs.config_hash == row["config_hash"])
+                            & (jobs.order_name == order)]
+                if runs.empty or runs.iloc[0].study_hash != graph.graph_hash:
+                    break
+                job = runs.iloc[int(np.argmin(np.abs(runs.step_time_us - row[f"time_{order}"])))]
+                c = Cluster.from_dict(json.loads(clusters[job.cluster_hash]))
+                tls.append(Simulator(graph, c).timeline(decode_placement(job.placement)))
+                titles.append(f"{row['graph']}, {placer}, order {order} (seed {job.seed})")
+            if len(tls) == 2:
+                path = out / f"timeline_{_slug(placer)}_{_slug(cluster)}_{_slug(family)}.png"
+                plot_gantt(tls, path, titles=titles)
+                figures.append((f"{placer} on {cluster}", path))
+                break
+    return figures
+
+
+def _study_graph(row: Any) -> Any:
+    """The prepared graph of a dataset row, or None if it cannot be found again."""
+    from travorder.datasets.corpus import load_corpus, read_manifest
+    from travorder.graph import load_graph, prepare_graph
+
+    names = [e["name"] for e in read_manifest() if e["graph_hash"] == row["graph_hash"]]
+    try:
+        if names:
+            graph = load_corpus(names=names[0])[0]
+        elif isinstance(row["source"], str) and Path(row["source"]).is_file():
+            graph = load_graph(row["source"])
+        else:
+            return None
+    except TravorderError:
+        return None
+    if graph.graph_hash != row["graph_hash"]:
+        return None
+    return prepare_graph(graph, bool(row["training"]), int(row["coarsen_max_nodes"]))
+
+
 def _table_html(table: Any) -> str:
     return table.to_html(index=False, float_format=lambda x: f"{x:.3f}", na_rep="",
                          border=0, classes="rec")
@@ -280,6 +351,14 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
         sections.append(f"<h2>{html.escape(title)}</h2>\n"
                         f'<img src="{wins_png.name}" alt="winning share and rank">\n'
                         f'<img src="{ratio_png.name}" alt="ratio to the best order">')
+    timelines = _timelines(store_path, data, out, study)
+    written += [p for _, p in timelines]
+    if timelines:
+        sections.append("<h2>Timelines of the best and the worst order</h2>\n<p>Per family, "
+                        "one graph's simulated step under its best and its worst order "
+                        "(red: the critical path; docs/simulator.md).</p>\n" + "\n".join(
+                            f'<h3>{html.escape(what)}</h3><img src="{p.name}" alt="timelines">'
+                            for what, p in timelines))
     curves = _curves(store_path, out, study)
     written += curves
     sections += ["<h2>RL learning curves</h2>\n" + "\n".join(
