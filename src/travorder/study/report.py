@@ -10,18 +10,19 @@ For each placer and scenario in the store (clusters pooled):
 
 - ``wins_<placer>_<scenario>.png``: per family, the winning share of each order (a graph
   whose best order is tied with others credits each of them ``1 / n_ties``) and its mean
-  rank (1 = fastest; tied medians share the average rank), as heatmaps;
+  rank (1 = fastest; tied means share the average rank), as heatmaps;
 - ``ratio_<placer>_<scenario>.png``: per order, the ratio of its step time to the best
   order's on each graph (box plot over graphs, points for the graphs);
 - ``curves_<cluster>.png`` (when the store has ``rl`` runs): the mean RL learning curve
   per order, each run's step time per episode divided by its first episode's;
-- ``timeline_<placer>_<cluster>_<family>.png``: per family, the simulated step of the best
-  and of the worst order (the seed nearest each order's median) on one graph, the
-  family's graph where they differ most that can be found again (in the bundled corpus,
-  by hash, or at its source path) and prepares to the graph the jobs placed.
+- ``timeline_<placer>_<family>.png``: per family, the simulated step of the best and of
+  the worst order (the seed nearest each order's mean) on one row, the family's row
+  where they differ most, on a graph of at most `TIMELINE_NODES` nodes where there is one,
+  that can be found again (in the bundled corpus, by hash, or at its source path) and
+  that its scenario prepares to the graph the jobs placed.
 
-The recommendations table gives, per placer, scenario and family (over its clusters), the order
-with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
+The recommendations table gives, per placer, scenario and family (over its clusters), the
+order with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
 that ratio, its winning share, the runner-up, and the ratio of ``topo`` for comparison.
 
 Given ``evaluations`` (per placer, the predictor's leave-family-out evaluation on this
@@ -42,6 +43,7 @@ import numpy as np
 
 from travorder.errors import TravorderError
 from travorder.study.export import REL_TOL, dataset_frame, dataset_orders, study_filter
+from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
 from travorder.study.store import ResultStore
 
 
@@ -108,6 +110,9 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
         })
     return pd.DataFrame(rows)
 
+
+#: Timelines are drawn for a graph of at most this many nodes where the family has one.
+TIMELINE_NODES = 400
 
 #: The gap between the best and the worst order above which the order matters (5%).
 MATTERS = 0.05
@@ -244,18 +249,26 @@ def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
     with ResultStore(store_path, create=False) as store:
         where, params = study_filter(store, study)
         jobs = pd.read_sql_query(
-            "SELECT graph_hash, graph_name, cluster, cluster_hash, placer, config_hash, "
+            "SELECT graph_hash, graph_name, scenario, cluster, cluster_hash, placer, config_hash, "
             "order_name, seed, step_time_us, placement, study_hash FROM jobs WHERE status = "
             f"'done' AND placement IS NOT NULL{where}", store.connection, params=params)
         clusters = dict(store.connection.execute(
             "SELECT cluster_hash, definition FROM clusters").fetchall())
+        scenarios = {s["name"]: Scenario.from_dict(s)
+                     for (spec,) in store.connection.execute("SELECT spec FROM studies")
+                     for s in json.loads(spec).get("scenarios", [])}
     table = ratios(data).replace(np.inf, np.nan)
     figures = []
-    for (placer, cluster, family), part in data.groupby(["placer", "cluster", "family"]):
+    for (placer, family), part in data.groupby(["placer", "family"]):
         spread = (table.loc[part.index].max(axis=1) / table.loc[part.index].min(axis=1))
-        for idx in spread[spread > 1].sort_values(ascending=False).index:
+        # the widest spread, on a graph small enough to read (the smallest otherwise)
+        small = data.loc[part.index, "n_nodes"] <= TIMELINE_NODES
+        order = spread[spread > 1].to_frame("s").assign(small=small).sort_values(
+            ["small", "s"], ascending=False).index
+        for idx in order:
             row = data.loc[idx]
-            graph = _study_graph(row)
+            cluster = row["cluster"]
+            graph = _study_graph(row, scenarios.get(row["scenario"], DEFAULT_SCENARIO))
             if graph is None:
                 continue
             worst = str(table.loc[idx].idxmax())
@@ -263,6 +276,7 @@ def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
             for order in (row["best_order"], worst):
                 runs = jobs[(jobs.graph_hash == row["graph_hash"])
                             & (jobs.graph_name == row["graph"]) & (jobs.cluster == cluster)
+                            & (jobs.scenario == row["scenario"])
                             & (jobs.placer == placer) & (jobs.config_hash == row["config_hash"])
                             & (jobs.order_name == order)]
                 if runs.empty or runs.iloc[0].study_hash != graph.graph_hash:
@@ -272,17 +286,17 @@ def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
                 tls.append(Simulator(graph, c).timeline(decode_placement(job.placement)))
                 titles.append(f"{row['graph']}, {placer}, order {order} (seed {job.seed})")
             if len(tls) == 2:
-                path = out / f"timeline_{_slug(placer)}_{_slug(cluster)}_{_slug(family)}.png"
+                path = out / f"timeline_{_slug(placer)}_{_slug(family)}.png"
                 plot_gantt(tls, path, titles=titles)
-                figures.append((f"{placer} on {cluster}", path))
+                figures.append((f"{placer}, {family}: {row['scenario']} on {cluster}", path))
                 break
     return figures
 
 
-def _study_graph(row: Any) -> Any:
+def _study_graph(row: Any, scenario: Scenario) -> Any:
     """The prepared graph of a dataset row, or None if it cannot be found again."""
     from travorder.datasets.corpus import load_corpus, read_manifest
-    from travorder.graph import load_graph, prepare_graph
+    from travorder.graph import load_graph
 
     names = [e["name"] for e in read_manifest() if e["graph_hash"] == row["graph_hash"]]
     try:
@@ -296,7 +310,7 @@ def _study_graph(row: Any) -> Any:
         return None
     if graph.graph_hash != row["graph_hash"]:
         return None
-    return prepare_graph(graph, bool(row["training"]), int(row["coarsen_max_nodes"]))
+    return scenario.prepare(graph, bool(row["training"]), int(row["coarsen_max_nodes"]))
 
 
 def _table_html(table: Any) -> str:
