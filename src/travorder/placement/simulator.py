@@ -64,10 +64,13 @@ class SimResult:
 
 
 class BatchResult(NamedTuple):
-    """Step times (us) and memory feasibility of many placements, one entry per row."""
+    """Step times (us), memory feasibility and overflow of many placements, one entry per
+    row. ``overflow`` is the largest ``(peak - capacity) / capacity`` over the devices
+    (at most 0 when the placement fits; 0 where every capacity is unlimited)."""
 
     step_time_us: np.ndarray
     feasible: np.ndarray
+    overflow: np.ndarray
 
 
 def tie_rank(graph: OpGraph) -> np.ndarray:
@@ -184,8 +187,7 @@ class Simulator:
         p = check_placement(self.graph, self.cluster, placements)
         if p.ndim != 2:
             raise TravorderError("run_batch() takes a 2-D array, one placement per row")
-        steps, feasible = _simulate_batch(p, self._capacity, *self._args())
-        return BatchResult(steps, feasible)
+        return BatchResult(*_simulate_batch(p, self._capacity, *self._args()))
 
 
 def simulate(graph: OpGraph, placement: Any, cluster: Cluster) -> SimResult:
@@ -480,9 +482,22 @@ def _simulate_batch(places, capacity, times, rank, node_at, src, dst, ebytes, ou
     k = places.shape[0]
     steps = np.empty(k)
     feasible = np.empty(k, dtype=np.bool_)
+    overflow = np.empty(k)
     for i in range(k):
         res = _simulate(places[i], times, rank, node_at, src, dst, ebytes, out_ptr, out_eid,
                         in_ptr, in_eid, out_bytes, param_mem, bw, lat, model, busy_after)
         steps[i] = res[0]
         feasible[i] = np.all(res[4] <= capacity)
-    return steps, feasible
+        overflow[i] = _overflow(res[4], capacity)
+    return steps, feasible, overflow
+
+
+@njit(cache=True)
+def _overflow(peak, capacity):  # pragma: no cover - compiled
+    """The largest ``(peak - capacity) / capacity``; unlimited devices count as 0."""
+    worst = -np.inf
+    for d in range(peak.size):
+        o = (peak[d] - capacity[d]) / capacity[d] if np.isfinite(capacity[d]) else 0.0
+        if o > worst:
+            worst = o
+    return worst
