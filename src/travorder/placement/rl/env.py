@@ -122,6 +122,7 @@ class PlacementEnv(gym.Env):
         self.order = check_order(graph, order)
         self.memory, self.memory_penalty = memory, float(memory_penalty)
         self.colocate = colocate
+        self.simulations = 0  # placements simulated for costs and masks (not start times)
         self.sim = simulator or Simulator(graph, cluster)
         self.capacity = np.array([d.memory for d in cluster.devices])
         self.always_fits = bool(worst_case_memory(graph, cluster) <= self.capacity.min())
@@ -154,6 +155,7 @@ class PlacementEnv(gym.Env):
     def _evaluate(self, placement: np.ndarray) -> tuple[float, float, bool]:
         """(cost, step time, feasible) of a placement."""
         res = self.sim.run_batch(placement[None])
+        self.simulations += 1
         step, feasible = float(res.step_time_us[0]), bool(res.feasible[0])
         return self._cost(step, feasible, float(res.overflow[0])), step, feasible
 
@@ -186,6 +188,7 @@ class PlacementEnv(gym.Env):
         cands = np.repeat(self.placement[None], n_dev, axis=0)
         cands[:, self.members(v)] = np.arange(n_dev)[:, None]
         res = self.sim.run_batch(cands)
+        self.simulations += n_dev
         # the feasible devices, or else those that overflow least
         mask[:] = res.feasible if res.feasible.any() else res.overflow == res.overflow.min()
         return mask, res
