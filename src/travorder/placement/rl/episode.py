@@ -211,13 +211,15 @@ def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, gre
     best = env.best_placement
     w2, b2, w3, b3 = (a for layer in head._layers for a in layer)
     reset_cands = (np.zeros((0, n_dev)) if env._cand is None else
-             np.stack([env._cand.step_time_us, env._cand.feasible, env._cand.overflow]))
-    used, sims = _play(env.order, env._group, env._by_group, env._bounds, env.placement, state,
-                 best, env.memory == "mask" and not env.always_fits, env.capacity,
-                 env.memory_penalty, env.sim._args(), context._rows, context._total,
-                 context._cost, context.pg.set_ptr, context.pg.set_idx, head._first,
-                 head._context, w2, b2, w3, b3, greedy, uniforms, reset_cands, contexts, masks,
-                 actions, rewards)
+                   np.stack([env._cand.step_time_us, env._cand.feasible, env._cand.overflow]))
+    # where every placement fits, the simulations need not count received tensors
+    sim = (*env.sim._args(), not env.always_fits)
+    used, sims = _play(env.order, env._group, env._by_group, env._bounds, env.placement,
+                       state, best, env.memory == "mask" and not env.always_fits,
+                       env.capacity, env.memory_penalty, sim, context._rows, context._total,
+                       context._cost, context.pg.set_ptr, context.pg.set_idx, head._first,
+                       head._context, w2, b2, w3, b3, greedy, uniforms, reset_cands,
+                       contexts, masks, actions, rewards)
     if not greedy:
         rng.bit_generator.state = saved
         rng.random(used)
