@@ -1,15 +1,23 @@
-"""One RL placement run: wall time and where it goes (simulation, environment, policy).
+"""RL placement runs: runs per second and where the time goes (play, network, update).
 
-The graph is the training graph of the synthetic Inception-style family (5 modules,
-seed 0: 210 nodes) on ``k80x3``, order ``topo``, 50 episodes with the default `RLConfig`,
-torch on one thread. A one-episode run first compiles the numba kernels, so the timed run
-measures steady state. Reported: wall and CPU time of the run, the time inside the
-simulator, the rest of the environment, and the policy (features, network forward and
-backward, sampling, updates); the best step time next to ``single``, and the mean step
-time of the first and last ten episodes. Target: at most 15 s per run on one core.
+The graph is the training graph of a synthetic family (default: Inception-style, 5
+modules, seed 0: 210 nodes; ``--family seq2seq``: 10 + 10 steps, 1,252 nodes) on
+``k80x3``, order ``topo_lifo`` (the study's ``topo``), preset ``paper`` (50 episodes),
+torch on one thread. A one-episode run first compiles (or loads) the numba kernels, so
+the timed runs measure steady state; each engine runs ``--repeat`` times and the fastest
+CPU time is reported.
 
-    python benchmarks/rl.py [--family inception] [--episodes 50] [--order topo]
-                            [--encoder placeto] [--seed 0] [--json OUT]
+Engines: ``compiled`` plays an episode in one compiled call (`play_episode`);
+``stepwise`` plays it through `PlacementEnv.step`, one Python call per node (the
+reference path, the same results). Reported per engine: CPU and wall seconds per run,
+runs per second, and the split of a run: *play* (the episodes: decisions and simulation),
+*network* (the graph network's pass at the start of each episode), *update* (REINFORCE:
+loss, backward, clipping, Adam), the rest (set-up, resets); the number of placements
+simulated and the best step time next to ``single``.
+
+    python benchmarks/rl.py [--family inception] [--preset paper] [--episodes N]
+                            [--order topo_lifo] [--engine both] [--repeat 2]
+                            [--seed 0] [--json OUT]
 """
 
 from __future__ import annotations
@@ -18,48 +26,26 @@ import argparse
 import json
 import sys
 import time
-from typing import Any
-
-import numpy as np
 
 from travorder.datasets import synthetic
 from travorder.graph import training_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import place
-from travorder.placement.rl.trainer import RLConfig, train
-from travorder.placement.simulator import Simulator
+from travorder.placement.rl.trainer import ENGINES, PRESETS, RLConfig, train
 
 SIZES = {"inception": {"n_modules": 5}, "resnet": {}, "transformer": {"n_layers": 3},
-         "enas_cnn": {"n_cells": 4}}
-
-
-class TimedSimulator(Simulator):
-    """A `Simulator` that adds up the time spent in its calls."""
-
-    seconds = 0.0
-
-    def run(self, placement: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return super().run(placement)
-        finally:
-            self.seconds += time.perf_counter() - t0
-
-    def run_batch(self, placements: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return super().run_batch(placements)
-        finally:
-            self.seconds += time.perf_counter() - t0
+         "enas_cnn": {"n_cells": 4}, "seq2seq": {"src_len": 10, "tgt_len": 10}}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", default="inception", choices=sorted(SIZES))
-    ap.add_argument("--episodes", type=int, default=50)
-    ap.add_argument("--order", default="topo")
-    ap.add_argument("--encoder", default="placeto", choices=["placeto", "sage"])
+    ap.add_argument("--preset", default="paper", choices=sorted(PRESETS))
+    ap.add_argument("--episodes", type=int, help="override the preset's episodes")
+    ap.add_argument("--order", default="topo_lifo")
+    ap.add_argument("--engine", default="both", choices=[*ENGINES, "both"])
+    ap.add_argument("--repeat", type=int, default=2, help="timed runs per engine")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", help="also write the figures to this JSON file")
     args = ap.parse_args(argv)
@@ -67,39 +53,47 @@ def main(argv: list[str] | None = None) -> int:
     graph = training_graph(getattr(synthetic, args.family)(seed=0, **SIZES[args.family]))
     cluster = load_cluster("k80x3")
     order = traversal_order(graph, args.order)
-    config = RLConfig(episodes=args.episodes, encoder=args.encoder)
-    train(graph, cluster, order, args.seed, RLConfig(episodes=1, encoder=args.encoder))
-
-    sim = TimedSimulator(graph, cluster)
-    cpu0 = time.process_time()
-    run = train(graph, cluster, order, args.seed, config, simulator=sim)
-    cpu = time.process_time() - cpu0
+    options = {} if args.episodes is None else {"episodes": args.episodes}
+    config = RLConfig.from_options(args.preset, **options)
+    engines = ENGINES if args.engine == "both" else (args.engine,)
     single = place(graph, cluster, "single").step_time_us
-    curve = np.array(run.curve)
-    steps = args.episodes * graph.n_nodes
-    figures = {
-        "graph": f"{args.family} training graph", "nodes": graph.n_nodes,
-        "edges": graph.n_edges, "cluster": cluster.name, "order": args.order,
-        "encoder": args.encoder, "episodes": args.episodes, "wall_s": run.wall_s,
-        "cpu_s": cpu, "simulator_s": sim.seconds, "environment_other_s": run.env_s - sim.seconds,
-        "policy_s": run.policy_s, "us_per_step": 1e6 * run.wall_s / steps,
-        "best_step_time_us": run.step_time_us, "efficiency": run.efficiency,
-        "single_step_time_us": single, "first10_mean_us": float(curve[:10].mean()),
-        "last10_mean_us": float(curve[-10:].mean()),
-    }
-    print(f"{figures['graph']}: {graph.n_nodes} nodes, {graph.n_edges} edges; "
-          f"{cluster.name}, order {args.order}, {args.encoder} encoder, "
-          f"{args.episodes} episodes")
-    print(f"  wall {run.wall_s:.2f} s (CPU {cpu:.2f} s), "
-          f"{figures['us_per_step']:.0f} us per step")
-    print(f"  simulator {sim.seconds:.2f} s, rest of the environment "
-          f"{figures['environment_other_s']:.2f} s, policy {run.policy_s:.2f} s")
-    print(f"  best {run.step_time_us / 1e3:.2f} ms (efficiency {run.efficiency:.3f}), "
-          f"single {single / 1e3:.2f} ms; mean of episodes 1-10 "
-          f"{curve[:10].mean() / 1e3:.2f} ms, last 10 {curve[-10:].mean() / 1e3:.2f} ms")
+    print(f"{args.family} training graph: {graph.n_nodes} nodes, {graph.n_edges} edges; "
+          f"{cluster.name}, order {args.order}, preset {args.preset}, {config.episodes} "
+          f"episodes, seed {args.seed}")
+    figures: dict = {"graph": f"{args.family} training graph", "nodes": graph.n_nodes,
+                     "edges": graph.n_edges, "cluster": cluster.name, "order": args.order,
+                     "preset": args.preset, "episodes": config.episodes,
+                     "single_step_time_us": single, "engines": {}}
+    for engine in engines:
+        train(graph, cluster, order, args.seed, RLConfig(episodes=1), engine=engine)
+        best = None
+        for _ in range(args.repeat):
+            cpu0 = time.process_time()
+            run = train(graph, cluster, order, args.seed, config, engine=engine)
+            cpu = time.process_time() - cpu0
+            if best is None or cpu < best[0]:
+                best = (cpu, run)
+        cpu, run = best
+        rest = run.wall_s - run.play_s - run.network_s - run.update_s
+        f = {"cpu_s": cpu, "wall_s": run.wall_s, "runs_per_s": 1.0 / cpu,
+             "play_s": run.play_s, "network_s": run.network_s, "update_s": run.update_s,
+             "other_s": rest, "simulations": run.simulations,
+             "best_step_time_us": run.step_time_us, "efficiency": run.efficiency,
+             "curve_sum_us": sum(run.curve)}
+        figures["engines"][engine] = f
+        print(f"  {engine:>8}: {cpu:.3f} s CPU per run ({f['runs_per_s']:.2f} runs/s), "
+              f"wall {run.wall_s:.3f} s = play {run.play_s:.3f} + network "
+              f"{run.network_s:.3f} + update {run.update_s:.3f} + other {rest:.3f}; "
+              f"{run.simulations} simulations; best {run.step_time_us / 1e3:.2f} ms "
+              f"(efficiency {run.efficiency:.3f}, single {single / 1e3:.2f} ms)")
+    if len(engines) == 2:
+        a, b = (figures["engines"][e] for e in ENGINES)
+        same = a["curve_sum_us"] == b["curve_sum_us"] and (a["best_step_time_us"]
+                                                           == b["best_step_time_us"])
+        print(f"  stepwise / compiled CPU: {b['cpu_s'] / a['cpu_s']:.2f}x; same run: {same}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(figures, f, indent=2)
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(figures, fh, indent=2)
     return 0
 
 

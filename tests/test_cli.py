@@ -159,6 +159,37 @@ def test_failed_place_writes_nothing(capsys, model, tmp_path):
     assert code == 2 and not out_path.exists()
 
 
+def test_place_takes_placer_options_and_coarsening(capsys, model, tmp_path):
+    out_path = tmp_path / "rl.json"
+    code, out, _ = run(capsys, "place", model, "--placer", "rl", "--order", "topo_lifo",
+                       "--option", "preset=paper", "-O", "episodes=3", "--coarsen", "12",
+                       "--json", "-o", str(out_path))
+    placed = json.loads(out)
+    assert code == 0 and placed["placer"] == "rl" and placed["feasible"]
+    code, out, _ = run(capsys, "simulate", model, str(out_path), "--json")
+    assert code == 0  # the placement covers every op of the full graph
+    assert json.loads(out)["step_time_us"] == pytest.approx(placed["step_time_us"])
+    code, out, _ = run(capsys, "place", model, "--placer", "greedy", "-O", "colocate=false",
+                       "--json")
+    assert code == 0 and json.loads(out)["placer"] == "greedy"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["-O", "episodes"], "KEY=VALUE"),
+    (["-O", "=3"], "KEY=VALUE"),
+    (["-O", "episodes=2", "-O", "episodes=3"], "given twice"),
+    (["-O", "episodes=many"], "episodes must be int"),
+    (["-O", "bogus=1"], "no option 'bogus'"),
+    (["-O", "preset=huge"], "unknown rl preset"),
+    (["--coarsen", "0"], "--coarsen"),
+])
+def test_bad_placer_options_get_one_line_and_exit_2(capsys, model, tmp_path, args, message):
+    out_path = tmp_path / "p.json"
+    code, _, err = run(capsys, "place", model, "--placer", "rl", *args, "-o", str(out_path))
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+    assert not out_path.exists()
+
+
 def test_console_script_exit_code(tmp_path):
     g = OpGraph.from_records([{"name": "a"}], [])
     save_graph(g, tmp_path / "g.json.gz")

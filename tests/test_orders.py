@@ -15,6 +15,7 @@ from travorder.placement.orders import (
     TOPOLOGICAL_ORDERS,
     bottom_levels,
     get_order,
+    identical_orders,
     traversal_order,
 )
 
@@ -133,6 +134,22 @@ def test_study_orders_registered() -> None:
     assert set(STUDY_ORDERS) <= set(ORDERS)
     assert len(STUDY_ORDERS) == 6
     assert set(ORDERS) >= TOPOLOGICAL_ORDERS
+
+
+def test_study_orders_are_the_published_ones() -> None:
+    # the study's topo is networkx 2.4's LIFO order, its reversed_topo that order reversed
+    assert STUDY_ORDERS == ("alpha", "topo_lifo", "reversed_topo", "dfs_preorder",
+                            "dfs_postorder", "bfs")
+
+
+def test_reversed_topo_and_dfs_postorder_differ_when_the_search_starts_inside() -> None:
+    # c -> a: the search starts at a (index 0), which has a predecessor
+    g = OpGraph(["a", "b", "c"], [2], [0])
+    assert traversal_order(g, "reversed_topo").tolist() == [1, 0, 2]
+    assert traversal_order(g, "dfs_postorder").tolist() == [0, 1, 2]
+    assert identical_orders(g) == [("alpha", "dfs_preorder", "dfs_postorder")]
+    tree = OpGraph(["a", "b", "c", "d"], [0, 0, 1], [1, 2, 3])
+    assert ("reversed_topo", "dfs_postorder") in identical_orders(tree)
 
 
 @settings(max_examples=60, deadline=None)

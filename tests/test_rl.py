@@ -136,23 +136,26 @@ def test_memory_mask_forbids_overflowing_devices() -> None:
     env = PlacementEnv(PAIR, c, [0, 1])
     assert not env.always_fits
     obs, info = env.reset(seed=0)
-    assert not info["feasible"]  # everything starts on device 0
-    assert obs["action_mask"].tolist() == [0, 1]  # a stays with b only by overflowing
-    obs, _, _, _, info = env.step(0)  # not allowed: remapped to the only allowed device
-    assert info["device"] == 1 and info["feasible"]
-    assert obs["action_mask"].tolist() == [1, 0]  # b may not join a
-    obs, _, _, _, info = env.step(1)
-    assert info["device"] == 0 and obs["placement"].tolist() == [1, 0]
+    # all on device 0 would not fit: the search starts from a feasible heuristic placement
+    assert info["feasible"] and obs["placement"].tolist() == [0, 1]
+    assert obs["action_mask"].tolist() == [1, 0]  # a may not join b
+    obs, _, _, _, info = env.step(1)  # not allowed: remapped to the only allowed device
+    assert info["device"] == 0 and info["feasible"]
+    assert obs["action_mask"].tolist() == [0, 1]
+    obs, _, _, _, info = env.step(0)
+    assert info["device"] == 1 and obs["placement"].tolist() == [0, 1]
 
 
 def test_memory_penalty_scales_the_cost_of_overflow() -> None:
-    # all on device 0: 20 us and 1200 B on a 1000 B device, overflow 0.2, cost 20 * 3
+    # both on device 1: 20 us and 1200 B on a 1000 B device, overflow 0.2, cost 20 * 3
     env = PlacementEnv(PAIR, cluster(2, memory=1000.0), [0, 1], memory="penalty",
                        memory_penalty=10.0)
     obs, info = env.reset(seed=0)
-    assert obs["action_mask"].tolist() == [1, 1] and env.cost == pytest.approx(60.0)
+    assert obs["action_mask"].tolist() == [1, 1] and env.cost == pytest.approx(10.0)
     _, reward, _, _, info = env.step(1)
-    assert info["feasible"] and reward == pytest.approx(math.log(6.0))
+    assert not info["feasible"] and env.cost == pytest.approx(60.0)
+    assert reward == pytest.approx(-math.log(6.0))
+    assert env.best_feasible and env.best_placement.tolist() == [0, 1]
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -302,6 +302,10 @@ def test_simulator_reuses_its_precomputation_and_batches():
         == [60.0, 51.0, 70.0]
     assert batch.feasible.tolist() == [sim.run(p).feasible for p in places] \
         == [False, True, False]
+    expected = [max((sim.run(p).peak_memory - 1500.0) / 1500.0) for p in places]
+    assert batch.overflow.tolist() == pytest.approx(expected)
+    assert (batch.overflow > 0).tolist() == (~batch.feasible).tolist()
+    assert Simulator(g, cluster("bus")).run_batch(places).overflow.tolist() == [0.0] * 3
     assert sim.lower_bound_us == lower_bound(g, c) == 40.0
 
 

@@ -61,7 +61,7 @@ def test_spec_jobs_and_hash():
     assert s.seeds_for("random") == (0, 1) and s.seeds_for("topo") == (0,)
     assert s.spec_hash == spec().spec_hash != spec(seeds=[1]).spec_hash
     assert StudySpec.from_dict({**SMALL, "seeds": 2}).seeds == (0, 1)
-    assert spec(orders="study", order_seeds={}).orders == ("alpha", "topo", "reversed_topo",
+    assert spec(orders="study", order_seeds={}).orders == ("alpha", "topo_lifo", "reversed_topo",
                                            "dfs_preorder", "dfs_postorder", "bfs")
 
 

@@ -199,21 +199,67 @@ def _print_fallback(r: Any) -> None:
               f"({r.step_time_us / 1e3:.3f} ms)")
 
 
+def _option_value(text: str) -> Any:
+    """A ``--option`` value: true/false, an integer or a number, else the text itself."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _placer_options(pairs: Sequence[str] | None) -> dict[str, Any]:
+    """``--option KEY=VALUE`` pairs as a dict of placer options."""
+    options: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, sep, text = pair.partition("=")
+        key = key.strip()
+        if not sep or not key.isidentifier():
+            raise TravorderError(f"--option takes KEY=VALUE (e.g. episodes=200), got {pair!r}")
+        if key in options:
+            raise TravorderError(f"--option {key} given twice")
+        options[key] = _option_value(text.strip())
+    return options
+
+
 def cmd_place(args: argparse.Namespace) -> None:
+    import time
+
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
-    from travorder.placement.placers import place
+    from travorder.placement.placers import evaluate_placement, place
 
+    options = _placer_options(args.option)
+    if args.coarsen is not None and args.coarsen < 1:
+        raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
     g = _load(args.model, training=not args.forward_only)
     cluster = load_cluster(args.cluster)
-    r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed, floor=True)
+    if args.coarsen is None:
+        r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed,
+                  floor=True, **options)
+    else:  # place the coarse graph, then expand the placement to every op
+        from travorder.graph import coarsen
+
+        t0 = time.perf_counter()
+        groups = coarsen(g, args.coarsen)
+        coarse = place(groups.graph, cluster, placer=args.placer, order=args.order,
+                       seed=args.seed, **options)
+        r = evaluate_placement(g, cluster, groups.expand(coarse.placement),
+                               placer=args.placer, order=args.order, seed=args.seed,
+                               wall_s=time.perf_counter() - t0,
+                               learning_curve=coarse.learning_curve, floor=True)
     doc = placement_doc(r, g, cluster)
     if args.out:
         _write_json(args.out, doc)
     if args.json:
         _print_json({k: v for k, v in doc.items() if k not in ("placement", "cluster")})
     else:
-        _print_sim(f"{args.placer} placement of {g.name} on {cluster.name}, order {args.order}",
+        how = f", coarsened to {groups.graph.n_nodes} nodes" if args.coarsen else ""
+        _print_sim(f"{args.placer} placement of {g.name} on {cluster.name}, order "
+                   f"{args.order}{how}",
                    r.step_time_us, r.lower_bound_us, r.efficiency, r.feasible, r.peak_memory,
                    cluster, [("placer wall time", f"{r.wall_s:.3f} s"), _floor_row(r)])
         _print_fallback(r)
@@ -477,6 +523,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--order", default="topo", help="traversal order (default: topo)")
     p.add_argument("--cluster", default="k80x3", help="preset name or cluster file")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
+                   help="a placer option, repeatable (rl: preset=paper, episodes=200, "
+                        "encoder=sage, ...; greedy: colocate=false)")
+    p.add_argument("--coarsen", type=int, metavar="N",
+                   help="place the graph coarsened to at most N nodes, then expand the "
+                        "placement to every op (step time of the full graph)")
     p.add_argument("-o", "--out", help="write the placement JSON here")
     p.set_defaults(func=cmd_place)
 

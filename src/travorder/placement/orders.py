@@ -6,10 +6,11 @@ seed for ``random``); each docstring states how ties are broken. Where an order 
 networkx, node *insertion order* is the `OpGraph` index order and each node's successors
 come in edge order, exactly as :meth:`OpGraph.to_networkx` builds the graph.
 
-The study's six orders (`STUDY_ORDERS`) keep its names and its definitions, quirks
-included; note that the study's ``topo`` was networkx 2.4's ``topological_sort``, which
-is `topo_lifo` here, while ``topo`` here is the FIFO Kahn order of `OpGraph.topo_order`.
-See docs/orders.md.
+The study's six orders (`STUDY_ORDERS`) follow its definitions, quirks included, under
+its names except one: the study's ``topo`` was networkx 2.4's ``topological_sort``, which
+is `topo_lifo` here, while ``topo`` here is the FIFO Kahn order of `OpGraph.topo_order`;
+so `STUDY_ORDERS` holds ``topo_lifo``. The study's ``reversed_topo`` reverses that LIFO
+order, as `reversed_topo` does. See docs/orders.md.
 
 >>> from travorder.graph import OpGraph
 >>> g = OpGraph(["a", "b", "c", "d"], [0, 0, 1, 2], [1, 2, 3, 3])
@@ -32,8 +33,8 @@ from travorder.graph.pipeline import expand_order, micro_batch_graph, micro_batc
 
 OrderFn = Callable[[OpGraph, int], np.ndarray]
 
-#: The orders the study ran, under the study's names.
-STUDY_ORDERS = ("alpha", "topo", "reversed_topo", "dfs_preorder", "dfs_postorder", "bfs")
+#: The orders the study ran, as its code defines them; its ``topo`` is `topo_lifo`.
+STUDY_ORDERS = ("alpha", "topo_lifo", "reversed_topo", "dfs_preorder", "dfs_postorder", "bfs")
 
 
 def _perm(nodes: Iterable[int]) -> np.ndarray:
@@ -186,6 +187,23 @@ ORDERS: dict[str, OrderFn] = {
 #: Orders that are topological on every DAG.
 TOPOLOGICAL_ORDERS = frozenset(
     {"topo", "topo_lifo", "lexico_topo", "reverse_postorder", "critical_path"})
+
+
+def identical_orders(g: OpGraph, names: Iterable[str] = STUDY_ORDERS,
+                     seed: int = 0) -> list[tuple[str, ...]]:
+    """The orders among ``names`` that give `g` the same node sequence, grouped.
+
+    Groups keep the order of ``names``; orders that match no other are left out. A
+    sequential placer makes the same decisions under every order of a group.
+
+    >>> g = OpGraph(["a", "b", "c"], [0, 0], [1, 2])
+    >>> identical_orders(g)
+    [('alpha', 'dfs_preorder', 'bfs'), ('reversed_topo', 'dfs_postorder')]
+    """
+    groups: dict[bytes, list[str]] = {}
+    for name in names:
+        groups.setdefault(traversal_order(g, name, seed).tobytes(), []).append(name)
+    return [tuple(group) for group in groups.values() if len(group) > 1]
 
 
 def get_order(name: str) -> OrderFn:

@@ -76,10 +76,13 @@ class SimResult:
 
 
 class BatchResult(NamedTuple):
-    """Step times (us) and memory feasibility of many placements, one entry per row."""
+    """Step times (us), memory feasibility and overflow of many placements, one entry per
+    row. ``overflow`` is the largest ``(peak - capacity) / capacity`` over the devices
+    (at most 0 when the placement fits; 0 where every capacity is unlimited)."""
 
     step_time_us: np.ndarray
     feasible: np.ndarray
+    overflow: np.ndarray
 
 
 def tie_rank(graph: OpGraph) -> np.ndarray:
@@ -260,8 +263,7 @@ class Simulator:
         if p.ndim != 2:
             raise TravorderError("run_batch() takes a 2-D array, one placement per row")
         batch = _batch_placeto if self._placeto else _batch
-        steps, feasible = batch(p, self._capacity, *self._args)
-        return BatchResult(steps, feasible)
+        return BatchResult(*batch(p, self._capacity, *self._args))
 
 
 def simulate(graph: OpGraph, placement: Any, cluster: Cluster) -> SimResult:
@@ -826,11 +828,13 @@ def _batch(places, capacity, *args):
     k = places.shape[0]
     steps = np.empty(k)
     feasible = np.empty(k, dtype=np.bool_)
+    overflow = np.empty(k)
     for i in range(k):
         res = _simulate(places[i], False, *args)
         steps[i] = res[0]
         feasible[i] = np.all(res[4] <= capacity)
-    return steps, feasible
+        overflow[i] = _overflow(res[4], capacity)
+    return steps, feasible, overflow
 
 
 @njit(cache=True)
@@ -838,8 +842,21 @@ def _batch_placeto(places, capacity, *args):
     k = places.shape[0]
     steps = np.empty(k)
     feasible = np.empty(k, dtype=np.bool_)
+    overflow = np.empty(k)
     for i in range(k):
         res = _simulate_placeto(places[i], False, *args)
         steps[i] = res[0]
         feasible[i] = np.all(res[4] <= capacity)
-    return steps, feasible
+        overflow[i] = _overflow(res[4], capacity)
+    return steps, feasible, overflow
+
+
+@njit(cache=True)
+def _overflow(peak, capacity):  # pragma: no cover - compiled
+    """The largest ``(peak - capacity) / capacity``; unlimited devices count as 0."""
+    worst = -np.inf
+    for d in range(peak.size):
+        o = (peak[d] - capacity[d]) / capacity[d] if np.isfinite(capacity[d]) else 0.0
+        if o > worst:
+            worst = o
+    return worst

@@ -170,10 +170,19 @@ def place(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
     out = fn(graph, cluster, visit, seed, **options)
     wall = time.perf_counter() - t0
     placement, curve = out if isinstance(out, tuple) else (out, None)
+    return evaluate_placement(graph, cluster, placement, placer=placer, order=order,
+                              seed=seed, wall_s=wall, learning_curve=curve, floor=floor)
+
+
+def evaluate_placement(graph: OpGraph, cluster: Cluster, placement: Any, *, placer: str,
+                       order: str, seed: int, wall_s: float,
+                       learning_curve: Any = None, floor: bool = False) -> PlacementResult:
+    """The `PlacementResult` of a placement a placer made: simulated, with the
+    single-device floor (see `place` for ``floor``)."""
     placement = np.asarray(placement, dtype=np.int64)
     simulator = Simulator(graph, cluster)
     sim = simulator.run(placement)
-    alone = single(graph, cluster, visit, seed)
+    alone = single(graph, cluster, np.arange(graph.n_nodes), seed)
     floor_sim = simulator.run(alone)
     fallback = floor and floor_sim.feasible and (
         not sim.feasible or floor_sim.step_time_us < sim.step_time_us)
@@ -182,9 +191,9 @@ def place(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
         placement=chosen, step_time_us=chosen_sim.step_time_us,
         lower_bound_us=chosen_sim.lower_bound_us, efficiency=chosen_sim.efficiency,
         feasible=chosen_sim.feasible, peak_memory=chosen_sim.peak_memory, placer=placer,
-        order=order, seed=seed, wall_s=wall,
-        learning_curve=None if curve is None else list(curve), graph_hash=graph.graph_hash,
-        single_device_us=floor_sim.step_time_us,
+        order=order, seed=seed, wall_s=wall_s,
+        learning_curve=None if learning_curve is None else list(learning_curve),
+        graph_hash=graph.graph_hash, single_device_us=floor_sim.step_time_us,
         single_device_feasible=floor_sim.feasible, fallback=fallback,
         placer_step_time_us=sim.step_time_us,
     )

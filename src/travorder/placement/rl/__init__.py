@@ -44,10 +44,10 @@ def rl_place(graph: Any, cluster: Any, order: np.ndarray, seed: int = 0, *,
              preset: str = "default", **options: Any) -> tuple[np.ndarray, list[float]]:
     """The ``rl`` placer: train a Placeto policy on ``graph`` visiting nodes in ``order``.
 
-    ``preset`` is ``"default"`` or ``"paper"``; ``options`` override fields of
-    :class:`~travorder.placement.rl.trainer.RLConfig` (``episodes=20``, ``encoder="sage"``
-    ...). Returns the best placement found and the learning curve (the step time of
-    each episode's final placement, us).
+    ``preset`` is ``"default"``, ``"paper"`` or ``"paper_long"`` (300 episodes);
+    ``options`` override fields of :class:`~travorder.placement.rl.trainer.RLConfig`
+    (``episodes=20``, ``encoder="sage"`` ...). Returns the best placement found and the
+    learning curve (the step time of each episode's final placement, us).
     """
     return _load("trainer").rl_place(graph, cluster, order, seed, preset=preset, **options)
 

@@ -65,6 +65,16 @@ def worst_case_memory(graph: OpGraph, cluster: Cluster) -> float:
                  + np.sum(np.maximum(graph.output_bytes, largest_edge)))
 
 
+def feasible_starts(graph: OpGraph, cluster: Cluster, colocate: bool = True
+                    ) -> list[np.ndarray]:
+    """Placements of heuristics that mind memory (``contiguous`` and ``greedy`` in
+    ``topo`` order, ``m_etf``): where to start when one device cannot hold the step."""
+    from travorder.placement.placers import PLACERS
+
+    return [PLACERS[name](graph, cluster, graph.topo_order, 0, colocate=colocate)
+            for name in ("contiguous", "greedy", "m_etf")]
+
+
 def _log(cost: float) -> float:
     return math.log(max(cost, 1e-9))  # a graph of zero-time ops has a 0 us step
 
@@ -111,6 +121,8 @@ class PlacementEnv(gym.Env):
         self.graph, self.cluster = graph, cluster
         self.order = check_order(graph, order)
         self.memory, self.memory_penalty = memory, float(memory_penalty)
+        self.colocate = colocate
+        self.simulations = 0  # placements simulated for costs and masks (not start times)
         self.sim = simulator or Simulator(graph, cluster)
         self.capacity = np.array([d.memory for d in cluster.devices])
         self.always_fits = bool(worst_case_memory(graph, cluster) <= self.capacity.min())
@@ -136,23 +148,28 @@ class PlacementEnv(gym.Env):
         g = self._group[v]
         return self._by_group[self._bounds[g]:self._bounds[g + 1]]
 
+    def _cost(self, step: float, feasible: bool, overflow: float) -> float:
+        """The cost the reward sees: the step time, penalised when over memory."""
+        return step if feasible else step * (1.0 + self.memory_penalty * max(overflow, 0.0))
+
     def _evaluate(self, placement: np.ndarray) -> tuple[float, float, bool]:
         """(cost, step time, feasible) of a placement."""
-        if self.memory == "mask":
-            res = self.sim.run_batch(placement[None])
-            step = float(res.step_time_us[0])
-            return step, step, bool(res.feasible[0])
-        r = self.sim.run(placement)
-        cost = r.step_time_us
-        if not r.feasible:
-            cost *= 1.0 + self.memory_penalty * np.max((r.peak_memory - self.capacity)
-                                                       / self.capacity)
-        return cost, r.step_time_us, r.feasible
+        res = self.sim.run_batch(placement[None])
+        self.simulations += 1
+        step, feasible = float(res.step_time_us[0]), bool(res.feasible[0])
+        return self._cost(step, feasible, float(res.overflow[0])), step, feasible
 
     def _restart(self) -> None:
         self.best_placement = np.zeros(self.graph.n_nodes, dtype=np.int64)
         self.best_cost, self.best_step_us, self.best_feasible = self._evaluate(
             self.best_placement)
+        if not self.best_feasible:  # one device cannot hold the step: start from a heuristic
+            for placement in feasible_starts(self.graph, self.cluster, self.colocate):
+                cost, step, feasible = self._evaluate(placement)
+                if self._better(cost, feasible):
+                    self.best_placement = placement
+                    self.best_cost, self.best_step_us, self.best_feasible = (cost, step,
+                                                                             feasible)
 
     def _better(self, cost: float, feasible: bool) -> bool:
         return (not feasible, cost) < (not self.best_feasible, self.best_cost)
@@ -171,8 +188,9 @@ class PlacementEnv(gym.Env):
         cands = np.repeat(self.placement[None], n_dev, axis=0)
         cands[:, self.members(v)] = np.arange(n_dev)[:, None]
         res = self.sim.run_batch(cands)
-        if res.feasible.any():
-            mask[:] = res.feasible
+        self.simulations += n_dev
+        # the feasible devices, or else those that overflow least
+        mask[:] = res.feasible if res.feasible.any() else res.overflow == res.overflow.min()
         return mask, res
 
     def _obs(self) -> dict[str, Any]:
@@ -219,8 +237,10 @@ class PlacementEnv(gym.Env):
             self.placement[moved] = d
             old = self.cost
             if self._cand is not None:  # simulated for the mask already
-                self.cost = self.step_us = float(self._cand.step_time_us[d])
+                self.step_us = float(self._cand.step_time_us[d])
                 self.feasible = bool(self._cand.feasible[d])
+                self.cost = self._cost(self.step_us, self.feasible,
+                                       float(self._cand.overflow[d]))
             else:
                 self.cost, self.step_us, self.feasible = self._evaluate(self.placement)
             reward = _log(old) - _log(self.cost)

@@ -86,43 +86,72 @@ class Direction:
     idx: np.ndarray
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=True)
 def _pass_forward(order, ptr, idx, base, w1, b1, w2, b2):  # pragma: no cover - compiled
     n, dim = base.shape
+    width = w1.shape[0]
     pre = np.zeros_like(base)
-    hid = np.zeros((n, w1.shape[0]), dtype=base.dtype)
+    hid = np.zeros((n, width), dtype=base.dtype)
     msg = np.zeros_like(base)
+    h = np.zeros(dim, dtype=base.dtype)
+    r = np.zeros(width, dtype=base.dtype)
     for v in order:
-        pre[v] = base[v]
+        for j in range(dim):
+            pre[v, j] = base[v, j]
         for k in range(ptr[v], ptr[v + 1]):
-            pre[v] += msg[idx[k]]
-        h = np.maximum(pre[v], 0)
-        for i in range(w1.shape[0]):
-            hid[v, i] = b1[i] + np.dot(w1[i], h)
-        r = np.maximum(hid[v], 0)
+            u = idx[k]
+            for j in range(dim):
+                pre[v, j] += msg[u, j]
+        for j in range(dim):
+            h[j] = max(pre[v, j], 0)
+        for i in range(width):
+            acc = b1[i]
+            for j in range(dim):
+                acc += w1[i, j] * h[j]
+            hid[v, i] = acc
+            r[i] = max(acc, 0)
         for i in range(dim):
-            msg[v, i] = b2[i] + np.dot(w2[i], r)
+            acc = b2[i]
+            for j in range(width):
+                acc += w2[i, j] * r[j]
+            msg[v, i] = acc
     return pre, hid
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=True)
 def _pass_backward(order, ptr, idx, pre, hid, w1, w2, grad_h):  # pragma: no cover
     dim = pre.shape[1]
+    width = w1.shape[0]
     g_pre = np.zeros_like(pre)
     g_msg = np.zeros_like(pre)
-    gw1, gb1 = np.zeros_like(w1), np.zeros(w1.shape[0], dtype=pre.dtype)
+    gw1, gb1 = np.zeros_like(w1), np.zeros(width, dtype=pre.dtype)
     gw2, gb2 = np.zeros_like(w2), np.zeros(dim, dtype=pre.dtype)
+    ga = np.zeros(width, dtype=pre.dtype)
     for v in order[::-1]:  # every user of m_v comes later in the order
-        gm = g_msg[v]
-        r = np.maximum(hid[v], 0)
-        gw2 += np.outer(gm, r)
-        gb2 += gm
-        ga = (w2.T @ gm) * (hid[v] > 0)
-        gw1 += np.outer(ga, np.maximum(pre[v], 0))
-        gb1 += ga
-        g_pre[v] = (grad_h[v] + w1.T @ ga) * (pre[v] > 0)
+        for i in range(dim):
+            gm = g_msg[v, i]
+            gb2[i] += gm
+            for j in range(width):
+                gw2[i, j] += gm * max(hid[v, j], 0)
+        for j in range(width):
+            acc = 0.0
+            if hid[v, j] > 0:
+                for i in range(dim):
+                    acc += w2[i, j] * g_msg[v, i]
+            ga[j] = acc
+            gb1[j] += acc
+        for i in range(width):
+            for j in range(dim):
+                gw1[i, j] += ga[i] * max(pre[v, j], 0)
+        for j in range(dim):
+            acc = grad_h[v, j]
+            for i in range(width):
+                acc += w1[i, j] * ga[i]
+            g_pre[v, j] = acc if pre[v, j] > 0 else 0.0
         for k in range(ptr[v], ptr[v + 1]):
-            g_msg[idx[k]] += g_pre[v]
+            u = idx[k]
+            for j in range(dim):
+                g_msg[u, j] += g_pre[v, j]
     return g_pre, gw1, gb1, gw2, gb2
 
 
@@ -178,6 +207,15 @@ class PolicyGraph:
         n_anc, n_desc = anc.sum(axis=1), desc.sum(axis=1)
         self.set_sizes = torch.from_numpy(
             np.stack([n_anc, n_desc, n - 1 - n_anc - n_desc], axis=1).astype(np.float32))
+        self._inverse: dict[int, torch.Tensor] = {}
+
+    def inverse_sizes(self, dim: int) -> torch.Tensor:
+        """``1 / size`` of each node's ancestors, descendants and parallel nodes (0 for an
+        empty set), each repeated ``dim`` times: the factors that turn sums into means."""
+        if dim not in self._inverse:
+            sizes = self.set_sizes.repeat_interleave(dim, dim=1)
+            self._inverse[dim] = torch.where(sizes > 0, 1.0 / sizes.clamp(min=1.0), 0.0)
+        return self._inverse[dim]
 
 
 def _csr(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -355,14 +393,14 @@ class SetAggregation(nn.Module):
 
     def forward(self, h: torch.Tensor, pg: PolicyGraph) -> torch.Tensor:
         fa, fd, fp = (torch.relu(t(h)) for t in self.transforms)
+        dim = fa.shape[1]
         desc = pg.descendants
-        sums = torch.cat([
-            desc.T @ fa,
-            desc @ fd,
-            fp.sum(dim=0, keepdim=True) - desc @ fp - desc.T @ fp - fp,
-        ], dim=1)
-        sizes = pg.set_sizes.repeat_interleave(fa.shape[1], dim=1)
-        return torch.where(sizes > 0, sums / sizes.clamp(min=1.0), 0.0)
+        # two products with the reachability matrix: over ancestors and descendants
+        up = desc.T @ torch.cat([fa, fp], dim=1)
+        down = desc @ torch.cat([fd, fp], dim=1)
+        sums = torch.cat([up[:, :dim], down[:, :dim],
+                          fp.sum(dim=0, keepdim=True) - down[:, dim:] - up[:, dim:] - fp], dim=1)
+        return sums * pg.inverse_sizes(dim)
 
 
 class PlacementPolicy(nn.Module):

@@ -27,12 +27,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.signal import lfilter
+from numba import njit
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.rl.env import MEMORY_MODES, PlacementEnv
+from travorder.placement.rl.episode import Episode, play_episode
 from travorder.placement.rl.policy import (
     EpisodeHead,
     PlacementPolicy,
@@ -122,9 +123,15 @@ class RLConfig:
                    memory="mask", memory_penalty=10.0, colocate=True, threads=1)
 
     @classmethod
+    def paper_long(cls) -> RLConfig:
+        """`paper` trained six times longer: 300 episodes (every 5th greedy), everything
+        else the study's. For graphs where 50 episodes stop short (``docs/rl.md``)."""
+        return dataclasses.replace(cls.paper(), episodes=300)
+
+    @classmethod
     def from_options(cls, preset: str = "default", **options: Any) -> RLConfig:
-        """A preset (``"default"`` or ``"paper"``) with some fields replaced; option values
-        may be strings (as from a command line)."""
+        """A preset (``"default"``, ``"paper"`` or ``"paper_long"``) with some fields
+        replaced; option values may be strings (as from a command line)."""
         if preset not in PRESETS:
             raise TravorderError(f"unknown rl preset {preset!r} (expected "
                                  f"{', '.join(PRESETS)})")
@@ -151,7 +158,7 @@ def _parse(name: str, text: str, kind: type) -> Any:
 
 
 #: Presets by name: functions returning an `RLConfig`.
-PRESETS = {"default": RLConfig, "paper": RLConfig.paper}
+PRESETS = {"default": RLConfig, "paper": RLConfig.paper, "paper_long": RLConfig.paper_long}
 
 
 @dataclass(frozen=True, eq=False)
@@ -161,9 +168,14 @@ class RLRun:
     ``placement`` is the best placement seen (feasible first, then fastest) with its
     ``step_time_us``, ``efficiency`` and ``feasible``. Per episode: ``curve`` is the
     step time of the episode's final placement, ``best_curve`` the best step time so far,
-    ``greedy`` whether the episode was a greedy one. ``env_s`` is the time spent in the
-    environment (simulation), ``policy_s`` in the policy (features, forward, backward,
-    update), ``wall_s`` the whole run.
+    ``greedy`` whether the episode was a greedy one. Time: ``env_s`` in the
+    environment's set-up and resets (including the heuristic start under memory
+    pressure), ``play_s`` playing the episodes (decisions and simulations; with the
+    ``stepwise`` engine the environment's steps are counted here too), ``network_s``
+    the graph network's pass at the start of each episode, ``update_s`` the REINFORCE
+    updates (loss, backward, clipping, Adam), ``wall_s`` the whole run;
+    ``policy_s = wall_s - env_s``. ``simulations``: placements simulated for rewards
+    and masks.
     """
 
     placement: np.ndarray
@@ -177,6 +189,10 @@ class RLRun:
     policy_s: float
     wall_s: float
     config: RLConfig
+    play_s: float = 0.0
+    network_s: float = 0.0
+    update_s: float = 0.0
+    simulations: int = 0
 
 
 def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
@@ -186,7 +202,63 @@ def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
     >>> returns_to_go(np.array([1.0, 2.0, 4.0]), 0.5).tolist()
     [3.0, 4.0, 4.0]
     """
-    return lfilter([1.0], [1.0, -gamma], rewards[::-1])[::-1].copy()
+    return _returns(np.ascontiguousarray(rewards, dtype=np.float64), float(gamma))
+
+
+@njit(cache=True)
+def _returns(rewards, gamma):  # pragma: no cover - compiled
+    out = np.empty_like(rewards)
+    acc = 0.0
+    for t in range(rewards.size - 1, -1, -1):
+        acc = rewards[t] + gamma * acc
+        out[t] = acc
+    return out
+
+
+class FlatAdam:
+    """Adam (no weight decay) and gradient-norm clipping over all of a module's
+    parameters at once.
+
+    The parameters become views of one flat tensor, so a step is a handful of tensor
+    operations whatever the number of layers; the arithmetic is that of
+    ``torch.optim.Adam``'s single-tensor path, so results match it (the clipping norm is
+    taken over the flat gradient, which may round differently from
+    ``clip_grad_norm_``'s norm of per-tensor norms). Avoids ``torch.optim``, whose first
+    use imports ``torch._dynamo`` (seconds of start-up).
+    """
+
+    def __init__(self, module: torch.nn.Module, lr: float, grad_clip: float,
+                 betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        with torch.no_grad():
+            self.flat = torch.cat([p.reshape(-1) for p in self.params])
+            offset = 0
+            for p in self.params:
+                p.data = self.flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+        self.lr, self.grad_clip, self.betas, self.eps = lr, grad_clip, betas, eps
+        self.exp_avg = torch.zeros_like(self.flat)
+        self.exp_avg_sq = torch.zeros_like(self.flat)
+        self.steps = 0
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Clip the gradient norm to ``grad_clip``, then one Adam step."""
+        grad = torch.cat([p.grad.reshape(-1) if p.grad is not None
+                          else torch.zeros(p.numel()) for p in self.params])
+        norm = torch.linalg.vector_norm(grad)
+        grad.mul_(torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0))
+        beta1, beta2 = self.betas
+        self.steps += 1
+        self.exp_avg.lerp_(grad, 1 - beta1)
+        self.exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        step_size = self.lr / (1 - beta1 ** self.steps)
+        denom = (self.exp_avg_sq.sqrt() / math.sqrt(1 - beta2 ** self.steps)).add_(self.eps)
+        self.flat.addcdiv_(self.exp_avg, denom, value=-step_size)
 
 
 def _choose(logits: np.ndarray, mask: np.ndarray, greedy: bool,
@@ -199,22 +271,61 @@ def _choose(logits: np.ndarray, mask: np.ndarray, greedy: bool,
     return a if a < mask.size else int(np.flatnonzero(mask)[-1])  # u * total rounded up
 
 
+def _play_stepwise(env: PlacementEnv, obs: dict[str, Any], context: StepContext,
+                   head: EpisodeHead, greedy: bool, rng: np.random.Generator
+                   ) -> tuple[Episode, dict[str, Any]]:
+    """Play an episode through `PlacementEnv.step`, one Python call per node: the
+    reference for `play_episode`, which gives the same episode in one compiled call."""
+    n, n_dev = env.graph.n_nodes, env.n_devices
+    nodes = np.empty(n, dtype=np.int64)
+    contexts = np.zeros((n, context.width), dtype=np.float32)
+    masks = np.zeros((n, n_dev), dtype=bool)
+    actions = np.zeros(n, dtype=np.int64)
+    rewards = np.zeros(n)
+    info: dict[str, Any] = {}
+    sims = env.simulations
+    for t in range(n):
+        v, mask = obs["node"], obs["action_mask"].astype(bool)
+        nodes[t], masks[t] = v, mask
+        if mask.sum() > 1:
+            contexts[t] = context(v)
+            actions[t] = _choose(head(v, contexts[t]), mask, greedy, rng)
+        else:
+            actions[t] = np.flatnonzero(mask)[0]
+        obs, rewards[t], _, _, info = env.step(actions[t])
+        context.update(v, info["moved"], info["device"])
+    return Episode(nodes, contexts, masks, actions, rewards, env.simulations - sims), info
+
+
+#: How an episode is played: in one compiled call, or step by step through the
+#: Gymnasium API (the reference; the same results, slower).
+ENGINES = ("compiled", "stepwise")
+
+
 def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
-          config: RLConfig | None = None, simulator: Simulator | None = None) -> RLRun:
-    """Train a Placeto policy on ``graph`` visiting nodes in ``order``; see the module."""
+          config: RLConfig | None = None, simulator: Simulator | None = None,
+          engine: str = "compiled") -> RLRun:
+    """Train a Placeto policy on ``graph`` visiting nodes in ``order``; see the module.
+
+    ``engine`` is ``"compiled"`` (`play_episode`) or ``"stepwise"`` (`PlacementEnv.step`
+    per node, the reference); both give the same run. On a cluster with Placeto's
+    simulator semantics the episodes are played step by step.
+    """
+    if engine not in ENGINES:
+        raise TravorderError(f"unknown engine {engine!r} (expected {' or '.join(ENGINES)})")
     config = config or RLConfig()
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
-            return _train(graph, cluster, order, seed, config, simulator)
+            return _train(graph, cluster, order, seed, config, simulator, engine)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
-           config: RLConfig, simulator: Simulator | None) -> RLRun:
+           config: RLConfig, simulator: Simulator | None, engine: str) -> RLRun:
     start = time.perf_counter()
     env = PlacementEnv(graph, cluster, order, memory=config.memory,
                        memory_penalty=config.memory_penalty, colocate=config.colocate,
@@ -224,11 +335,12 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     pg = PolicyGraph(graph, env.sim.compute_us.mean(axis=1))
     policy = PlacementPolicy(n_dev, encoder=config.encoder, dim=config.dim,
                              hidden=config.hidden)
-    optimizer = torch.optim.Adam(policy.parameters(), lr=config.lr)
+    optimizer = FlatAdam(policy, config.lr, config.grad_clip)
     context = StepContext(pg, n_dev)
     rng = np.random.default_rng(seed)
     recent_returns: deque[np.ndarray] = deque(maxlen=config.baseline_window)
     curve, best_curve, greedy_flags = [], [], []
+    play_s = network_s = update_s = 0.0
 
     t0 = time.perf_counter()
     obs, info = env.reset(seed=seed)
@@ -241,30 +353,24 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         greedy = (episode + 1) % config.eval_every == 0
 
         # The episode's fixed features go through the graph network once.
+        t0 = time.perf_counter()
         x = torch.from_numpy(static_features(pg, obs["placement"], obs["start"], n_dev))
         with torch.set_grad_enabled(not greedy):
             table = policy.node_table(x, pg)
         head = EpisodeHead(policy, table.detach())
         context.reset(obs["placement"])
+        t1 = time.perf_counter()
+        network_s += t1 - t0
 
         # Play the episode.
-        nodes = np.empty(n, dtype=np.int64)
-        contexts = np.zeros((n, context.width), dtype=np.float32)
-        masks = np.zeros((n, n_dev), dtype=bool)
-        actions = np.zeros(n, dtype=np.int64)
-        rewards = np.zeros(n)
-        for t in range(n):
-            v, mask = obs["node"], obs["action_mask"].astype(bool)
-            nodes[t], masks[t] = v, mask
-            if mask.sum() > 1:
-                contexts[t] = context(v)
-                actions[t] = _choose(head(v, contexts[t]), mask, greedy, rng)
-            else:
-                actions[t] = np.flatnonzero(mask)[0]
-            t0 = time.perf_counter()
-            obs, rewards[t], _, _, info = env.step(actions[t])
-            env_s += time.perf_counter() - t0
-            context.update(v, info["moved"], info["device"])
+        if engine == "compiled" and cluster.semantics == "travorder":
+            ep = play_episode(env, context, head, greedy, rng)
+            info = env._info()
+        else:
+            ep, info = _play_stepwise(env, obs, context, head, greedy, rng)
+        nodes, contexts, masks, actions, rewards = (ep.nodes, ep.contexts, ep.masks,
+                                                    ep.actions, ep.rewards)
+        play_s += time.perf_counter() - t1
         curve.append(info["step_time_us"])
         best_curve.append(env.best_step_us)
         greedy_flags.append(greedy)
@@ -272,11 +378,13 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
             continue
 
         # REINFORCE with a per-step baseline over recent episodes.
+        t0 = time.perf_counter()
         returns = returns_to_go(rewards, config.gamma)
         baseline = np.mean(recent_returns, axis=0) if recent_returns else np.zeros(n)
         recent_returns.append(returns)
         steps = np.flatnonzero(masks.sum(axis=1) > 1)
         if steps.size == 0:
+            update_s += time.perf_counter() - t0
             continue
         advantage = torch.from_numpy((returns - baseline)[steps].astype(np.float32))
         logits = policy(table[nodes[steps]], torch.from_numpy(contexts[steps]))
@@ -288,8 +396,8 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         loss = -(advantage * taken).mean() - config.entropy_coef * entropy.mean()
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), config.grad_clip)
         optimizer.step()
+        update_s += time.perf_counter() - t0
 
     wall = time.perf_counter() - start
     best = env.best_placement.copy()
@@ -299,7 +407,8 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         placement=best, step_time_us=step, efficiency=lower / step if step > 0 else 1.0,
         feasible=env.best_feasible, curve=curve, best_curve=best_curve,
         greedy=greedy_flags, env_s=env_s, policy_s=wall - env_s, wall_s=wall,
-        config=config,
+        config=config, play_s=play_s, network_s=network_s, update_s=update_s,
+        simulations=env.simulations,
     )
 
 
@@ -308,8 +417,8 @@ def rl_place(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
     """The ``rl`` placer: train with `RLConfig` ``preset`` and ``options``; return the
     best placement and the learning curve (final step time per episode)."""
     config = RLConfig.from_options(preset, **options)
-    if preset == "paper" and cluster.n_devices != 3:
-        raise TravorderError(f"the paper preset is the study's setting on 3 devices "
+    if preset.startswith("paper") and cluster.n_devices != 3:
+        raise TravorderError(f"the {preset} preset is the study's setting on 3 devices "
                              f"(k80x3); cluster {cluster.name!r} has {cluster.n_devices}")
     run = train(graph, cluster, order, seed, config)
     return run.placement, run.curve

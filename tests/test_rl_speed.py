@@ -1,0 +1,98 @@
+"""The compiled episode engine, the flat Adam and the other speed work keep runs the same."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from travorder.datasets import synthetic
+from travorder.errors import TravorderError
+from travorder.graph import training_graph
+from travorder.placement.clusters import load_cluster
+from travorder.placement.orders import traversal_order
+from travorder.placement.rl.trainer import FlatAdam, RLConfig, returns_to_go, train
+from travorder.placement.simulator import Simulator
+
+GRAPH = training_graph(synthetic.enas_cnn(seed=0, n_cells=2))
+
+
+def squeezed(fraction: float):
+    c = load_cluster("k80x3")
+    peak = Simulator(GRAPH, c).run(np.zeros(GRAPH.n_nodes, dtype=np.int64)).peak_memory[0]
+    return dataclasses.replace(c, devices=tuple(dataclasses.replace(d, memory=fraction * peak)
+                                                for d in c.devices))
+
+
+@pytest.mark.parametrize(("order", "memory_fraction", "options"), [
+    ("topo_lifo", None, {}),
+    ("bfs", None, {"colocate": False}),
+    ("dfs_preorder", None, {"gamma": 1.0, "baseline_window": 1000}),
+    ("alpha", 0.5, {}),
+    ("reversed_topo", 0.5, {"memory": "penalty"}),
+])
+def test_compiled_episodes_equal_the_stepwise_ones(order: str, memory_fraction: float | None,
+                                                   options: dict) -> None:
+    c = load_cluster("k80x3") if memory_fraction is None else squeezed(memory_fraction)
+    config = RLConfig(episodes=7, eval_every=3, **options)
+    runs = [train(GRAPH, c, traversal_order(GRAPH, order), 1, config, engine=engine)
+            for engine in ("stepwise", "compiled")]
+    a, b = runs
+    assert a.curve == b.curve and a.best_curve == b.best_curve
+    assert np.array_equal(a.placement, b.placement)
+    assert (a.step_time_us, a.feasible, a.simulations) == (b.step_time_us, b.feasible,
+                                                           b.simulations)
+
+
+def test_forced_steps_cost_no_simulation() -> None:
+    # k80x3 holds the graph: one simulation at most per decision (a group's first member)
+    run = train(GRAPH, load_cluster("k80x3"), traversal_order(GRAPH, "topo_lifo"), 0,
+                RLConfig(episodes=4))
+    groups = GRAPH.n_nodes // 2  # each forward op with its backward op
+    assert 0 < run.simulations <= 4 * groups
+    assert run.play_s > 0 and run.network_s > 0 and run.update_s > 0
+
+
+def test_unknown_engine_is_refused() -> None:
+    with pytest.raises(TravorderError, match="unknown engine"):
+        train(GRAPH, load_cluster("k80x3"), np.arange(GRAPH.n_nodes), engine="fast")
+
+
+def test_returns_to_go_is_the_discounted_sum() -> None:
+    rewards = np.random.default_rng(0).normal(size=50)
+    expected = [sum(rewards[k] * 0.9 ** (k - t) for k in range(t, 50)) for t in range(50)]
+    assert returns_to_go(rewards, 0.9) == pytest.approx(expected, rel=1e-12)
+
+
+def test_flat_adam_matches_torch_adam_with_clipping() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    ref = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    ref.load_state_dict(net.state_dict())
+    flat = FlatAdam(net, lr=1e-2, grad_clip=0.5)
+    adam = torch.optim.Adam(ref.parameters(), lr=1e-2)
+    x = torch.randn(16, 4)
+    for _ in range(5):
+        for model, step in ((net, flat.step), (ref, adam.step)):
+            for p in model.parameters():
+                p.grad = None
+            (model(x) ** 2).sum().backward()
+            if model is ref:
+                torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+            step()
+    for p, q in zip(net.parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(p, q, atol=1e-6)
+
+
+def test_the_long_preset_is_the_paper_preset_trained_longer() -> None:
+    long, paper = RLConfig.paper_long(), RLConfig.paper()
+    assert long.episodes == 300
+    assert dataclasses.replace(long, episodes=50) == paper
+    assert RLConfig.from_options("paper_long", episodes="60").episodes == 60
+    from travorder.placement.rl import rl_place
+
+    with pytest.raises(TravorderError, match="paper_long preset"):
+        rl_place(GRAPH, load_cluster("v100x4-nvlink"), np.arange(GRAPH.n_nodes),
+                 preset="paper_long")
