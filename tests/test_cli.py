@@ -218,3 +218,50 @@ def test_zoo_list(capsys):
     assert code == 0 and entries and {e["family"] for e in entries} == {"rnn"}
     code, _, err = run(capsys, "zoo", "list", "--family", "no_such_family")
     assert code == 2 and "no_such_family" in err and err.count("\n") == 1
+
+
+def _one_line_error(capsys, argv: list[str], message: str) -> None:
+    code, _out, err = run(capsys, *argv)
+    assert code == 2, argv
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, (argv, err)
+
+
+def test_output_in_missing_folder_is_refused_before_any_work(capsys, model, tmp_path):
+    missing = tmp_path / "no" / "dir"
+    for argv in (["place", model, "-o", str(missing / "p.json")],
+                 ["convert", model, str(missing / "g.json.gz")],
+                 ["calibrate", "--devices", "cpu", "--out", str(missing / "c.toml")]):
+        _one_line_error(capsys, argv, "no such directory")
+    code, _out, err = _recommend(capsys, model, "--place", str(missing / "p.json"))
+    assert code == 2 and err.count("\n") == 1 and "no such directory" in err
+    assert not (tmp_path / "no").exists()
+
+
+def _recommend(capsys, *argv: str) -> tuple[int, str, str]:
+    from travorder.cli import recommend_main
+
+    code = recommend_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_negative_seed_gets_one_line(capsys, model):
+    _one_line_error(capsys, ["orders", model, "--seed", "-1"], "non-negative")
+    _one_line_error(capsys, ["place", model, "--placer", "random", "--seed", "-1"],
+                    "non-negative")
+    code, _out, err = _recommend(capsys, model, "--verify", "2", "--seed", "-1")
+    assert code == 2 and "non-negative" in err and err.count("\n") == 1
+
+
+def test_train_out_naming_a_file_is_refused(capsys, tmp_path):
+    existing = tmp_path / "model"
+    existing.write_text("not a directory")
+    _one_line_error(capsys, ["train", "--out", str(existing)], "is a file")
+    assert existing.read_text() == "not a directory"
+
+
+def test_report_of_missing_store_writes_nothing(capsys, tmp_path):
+    out = tmp_path / "report"
+    _one_line_error(capsys, ["study", "report", "--store", str(tmp_path / "none.sqlite"),
+                             "--out", str(out)], "no such result store")
+    assert not out.exists()

@@ -33,6 +33,18 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
+def _check_out(path: str | None) -> None:
+    """Refuse, before any work, an output file whose folder does not exist (a typo in a
+    path should not create folders) or that names a folder."""
+    if path is None:
+        return
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
+    if out.is_dir():
+        raise TravorderError(f"{path!r} is a directory, not a file")
+
+
 def _write_json(path: str, doc: Any) -> None:
     """Write JSON atomically, so an error never leaves a half-written file."""
     import os
@@ -110,6 +122,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 def cmd_convert(args: argparse.Namespace) -> None:
     from travorder.graph import save_graph
 
+    _check_out(args.out)
     g = _load(args.model, training=args.training)
     save_graph(g, args.out)
     print(f"wrote {args.out}: {g.n_nodes} nodes, {g.n_edges} edges")
@@ -190,6 +203,7 @@ def cmd_place(args: argparse.Namespace) -> None:
     from travorder.placement.placement_file import placement_doc
     from travorder.placement.placers import place
 
+    _check_out(args.out)
     g = _load(args.model, training=not args.forward_only)
     cluster = load_cluster(args.cluster)
     r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed)
@@ -232,6 +246,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         from travorder.placement.calibrate import calibrate_command
     except ImportError:
         raise TravorderError("calibrate needs torch: pip install 'travorder[torch]'") from None
+    _check_out(args.out)
     calibrate_command(args.devices, args.out, quick=args.quick, link_model=args.link_model)
 
 
@@ -558,6 +573,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from travorder.api import recommend_order
     from travorder.placement.clusters import load_cluster
 
+    _check_out(args.place)
     g = _load(args.model, training=True)  # expanded once, for the features and the placer
     cluster = load_cluster(args.cluster)
     rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain,

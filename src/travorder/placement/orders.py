@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 import networkx as nx
 import numpy as np
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, check_seed
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import kahn_order
 
@@ -200,5 +200,8 @@ def get_order(name: str) -> OrderFn:
 
 
 def traversal_order(g: OpGraph, name: str, seed: int = 0) -> np.ndarray:
-    """The permutation of `g`'s node indices that order `name` visits (see `ORDERS`)."""
-    return get_order(name)(g, seed)
+    """The permutation of `g`'s node indices that order `name` visits (see `ORDERS`).
+
+    Raises TravorderError for an unknown order or a seed that is not a non-negative int.
+    """
+    return get_order(name)(g, check_seed(seed))

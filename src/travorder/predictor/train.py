@@ -81,6 +81,8 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
 
     ``placer``: whose results to learn from (default: the only placer in the data).
     """
+    if Path(out).exists() and not Path(out).is_dir():
+        raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
     frame = read_sources(sources)
     placers = sorted(frame["placer"].unique())
     if placer is None:

@@ -214,8 +214,8 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
 
     matplotlib.use("Agg")
     out = Path(out_dir)
+    data = dataset_frame(store_path, rel_tol, study)  # a bad store: nothing written
     out.mkdir(parents=True, exist_ok=True)
-    data = dataset_frame(store_path, rel_tol, study)
     written: list[Path] = []
     sections = []
     for (placer, cluster), part in data.groupby(["placer", "cluster"]):
