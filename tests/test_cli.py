@@ -265,3 +265,27 @@ def test_report_of_missing_store_writes_nothing(capsys, tmp_path):
     _one_line_error(capsys, ["study", "report", "--store", str(tmp_path / "none.sqlite"),
                              "--out", str(out)], "no such result store")
     assert not out.exists()
+
+
+def test_zoo_build_needs_a_corpus_or_into_bundled(capsys, tmp_path):
+    _one_line_error(capsys, ["zoo", "build", "--name", "alexnet"], "--into-bundled")
+    _one_line_error(capsys, ["zoo", "build", "--name", "alexnet", "--corpus", str(tmp_path),
+                             "--into-bundled"], "--into-bundled")
+
+
+def test_zoo_build_reports_failures_and_goes_on(capsys, monkeypatch, tmp_path):
+    import functools
+
+    from travorder.datasets import zoo
+    from travorder.datasets.zoo import InputSpec, ZooModel
+
+    # A builder that fails as a missing torchvision model would; in this process.
+    fake = ZooModel("broken_net", "toy", "test", "fake", functools.partial(int, "x"),
+                    InputSpec("image"))
+    monkeypatch.setattr(zoo, "build_zoo", functools.partial(zoo.build_zoo, models=[fake],
+                                                            timeout_s=None))
+    code, out, err = run(capsys, "zoo", "build", "--corpus", str(tmp_path / "c"))
+    assert code == 0 and err == ""
+    assert "[1/1] broken_net: FAILED: build: ValueError: invalid literal" in out
+    assert "built 0 graphs; 1 models failed" in out
+    assert [r["name"] for r in zoo.read_failures(tmp_path / "c")] == ["broken_net"]

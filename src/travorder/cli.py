@@ -316,6 +316,10 @@ def cmd_zoo_list(args: argparse.Namespace) -> None:
 
 
 def cmd_zoo_build(args: argparse.Namespace) -> None:
+    # Writing into the installed package is a deliberate act: it needs its own flag.
+    if (args.corpus is None) == (not args.into_bundled):
+        raise TravorderError("zoo build writes to --corpus DIR, or with --into-bundled to "
+                             "the installed package's corpus (one of the two)")
     try:
         import torch  # noqa: F401  (the zoo exports torch models)
     except ImportError:
@@ -326,7 +330,7 @@ def cmd_zoo_build(args: argparse.Namespace) -> None:
 
     def progress(i: int, n: int, model: Any, outcome: Any) -> None:
         what = (f"{outcome.n_nodes} nodes" if hasattr(outcome, "n_nodes")
-                else f"FAILED: {outcome.error}")
+                else f"FAILED: {outcome.reason}")
         print(f"[{i}/{n}] {model.name}: {what}", flush=True)
 
     sizes = {k: v for k, v in [("batch_size", args.batch_size), ("seq_len", args.seq_len),
@@ -529,7 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="the bundled model-graph corpus")
     zsub = p.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
     corpus_opts = argparse.ArgumentParser(add_help=False)
-    corpus_opts.add_argument("--corpus", help="corpus directory (default: the bundled one)")
+    corpus_opts.add_argument("--corpus", help="corpus directory (zoo list: default the "
+                                              "bundled one)")
     corpus_opts.add_argument("--family", nargs="+", help="only these families")
     q = zsub.add_parser("list", parents=[corpus_opts], help="print the corpus manifest")
     q.add_argument("--source", nargs="+", help="only these sources (e.g. synthetic, timm)")
@@ -542,6 +547,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--batch-size", type=int, help="export batch size (default 1)")
     q.add_argument("--seq-len", type=int, help="sequence length of text models (default 128)")
     q.add_argument("--timeout", type=float, help="seconds allowed per model (default 600)")
+    q.add_argument("--into-bundled", action="store_true",
+                   help="write into the installed package's corpus (instead of --corpus)")
     q.set_defaults(func=cmd_zoo_build)
     return parser
 
