@@ -187,6 +187,20 @@ def test_bad_placements(tmp_path):
         apply(model, x, [0] * 11, [])
 
 
+def test_placement_needs_as_many_devices_as_its_cluster(tmp_path):
+    model, x, _ = MODELS["rnn"]()
+    g = capture_graph(model, x)
+    on_first = place(g, "k80x3", placer="single")  # uses device 0 of 3 only
+    path = tmp_path / "single.json"
+    save_placement(on_first, g, load_cluster("k80x3"), path)
+    for placement in (on_first, path):
+        for devices in (["cpu"], ["cpu"] * 4):
+            with pytest.raises(TravorderError, match=f"cluster of 3 devices, but "
+                                                     f"{len(devices)} were given"):
+                apply(model, x, placement, devices)
+    assert placement_slots(g, on_first, 3).tolist() == [0] * g.n_nodes
+
+
 def test_bad_devices():
     model, x, _ = MODELS["rnn"]()
     with pytest.raises(TravorderError, match="unknown device 'tpu:0'"):
