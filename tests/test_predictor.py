@@ -254,3 +254,15 @@ def test_scores_one_row_given_by_feature_name(frame):
     del row[data.X.columns[0]]
     with pytest.raises(TravorderError, match="features missing"):
         p.scores(row)
+
+
+def test_refit_on_a_plain_array_forgets_the_old_feature_names(frame, tmp_path):
+    data = design_matrix(frame)
+    p = OrderPredictor("classifier", n_estimators=5, min_child_samples=2).fit(data.X, data.times)
+    p.fit(data.X.to_numpy()[:, :5], data.times)
+    assert not hasattr(p, "feature_names_in_") and p.n_features_in_ == 5
+    p.save(tmp_path)
+    q, manifest = OrderPredictor.load(tmp_path)
+    assert manifest["feature_names"] == [f"x{i}" for i in range(5)]
+    np.testing.assert_array_equal(q.predict(data.X.to_numpy()[:, :5]),
+                                  p.predict(data.X.to_numpy()[:, :5]))
