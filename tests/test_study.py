@@ -217,6 +217,21 @@ def test_runner_argument_errors(tmp_path):
         ResultStore(tmp_path / "junk.sqlite")
 
 
+def test_a_bad_placer_option_writes_nothing(tmp_path):
+    bad = spec(placer={"name": "rl", "options": {"episodes": -3}})
+    store = tmp_path / "s.sqlite"
+    with pytest.raises(TravorderError, match="episodes must be at least 1"):
+        run_study(bad, store, progress=False)
+    assert not store.exists()
+    run_study(spec(), store, progress=False)
+    with ResultStore(store) as st:
+        before = st.status()
+    with pytest.raises(TravorderError, match="episodes must be at least 1"):
+        run_study(bad, store, progress=False)
+    with ResultStore(store) as st:
+        assert st.status() == before and len(before["studies"]) == 1
+
+
 @pytest.mark.slow
 def test_loky_workers_store_the_same_outcomes(tmp_path):
     run_study(spec(), tmp_path / "one.sqlite", jobs=1, progress=False)

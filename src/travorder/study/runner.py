@@ -2,8 +2,9 @@
 
 `run_study` selects the spec's graphs, lists its jobs (`spec_jobs`), skips the ones the
 store holds as done, prepares the graphs that still have jobs (`prepare_graph`, features
-into the store), checks the placer's options once per cluster on a three-node graph (so
-a bad option is one error, not a failed study), and runs the rest:
+into the store), and runs the rest. Before it opens the store it checks the placer's
+options once per cluster on a three-node graph, so a bad option is one error, not a
+failed study, and leaves no store and no pending run behind. The backends:
 
 - ``backend="loky"``: joblib's loky process pool with ``jobs`` workers
   (``Parallel(return_as="generator_unordered")``); with ``jobs=1`` the jobs run in this
@@ -170,12 +171,11 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         spec = load_spec(Path(spec))
     graphs = spec.select_graphs()
     all_jobs = spec_jobs(spec, graphs)
+    _preflight(spec)  # before the store is touched: a bad spec leaves nothing behind
     with ResultStore(store_path) as store:
         store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
         done_before = store.done_ids()
         todo = [j for j in all_jobs if j.job_id not in done_before]
-        if todo:
-            _preflight(spec)
         prepared = _prepare(spec, graphs, store, {j.graph_name for j in todo})
         # Largest graphs first, so that the last jobs to finish are short ones.
         todo.sort(key=lambda j: -prepared[j.graph_name].n_nodes)
