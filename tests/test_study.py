@@ -313,6 +313,73 @@ def test_sigkill_mid_study_loses_nothing_and_resumes(tmp_path):
     assert outcomes(clean) == resumed
 
 
+_LONG_SPEC = """
+name = "long"
+orders = "all"
+seeds = [0, 1, 2]
+clusters = ["k80x3", "v100x4-nvlink"]
+
+[placer]
+name = "greedy"
+
+[[graphs.synthetic]]
+family = "resnet"
+seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+"""
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` (Linux /proc)."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1]
+                                        .split()[1]) == pid:
+                kids.append(int(d.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_sigkill_of_the_runner_takes_its_workers_along(tmp_path):
+    spec_path, store = tmp_path / "long.toml", tmp_path / "long.sqlite"
+    spec_path.write_text(_LONG_SPEC)
+    proc = subprocess.Popen([sys.executable, "-m", "travorder.cli", "study", "run",
+                             str(spec_path), "--store", str(store), "--jobs", "2",
+                             "--no-progress"], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        done: dict[str, tuple] = {}
+        while len(done) < 4 and time.monotonic() < deadline:  # the workers are busy
+            time.sleep(0.3)
+            with contextlib.suppress(sqlite3.OperationalError):
+                done = outcomes(store) if store.exists() else {}
+        kids = _children(proc.pid)
+        workers = [k for k in kids
+                   if "loky" in Path(f"/proc/{k}/cmdline").read_text()]
+        assert len(done) >= 4 and len(workers) >= 2, (len(done), kids)
+        assert proc.poll() is None, "the study finished before the kill"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(k) for k in kids):
+        time.sleep(0.2)
+    left = [k for k in kids if _alive(k)]
+    for k in left:  # do not leave them behind when the test fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
+    assert not left, f"{len(left)} of {len(kids)} child processes outlived the runner"
+
+
 # ---------------------------------------------------------------------------- export
 def _hand_store(path: Path) -> None:
     """One graph on one cluster: per order, hand-picked step times over seeds."""

@@ -8,7 +8,8 @@ failed study, and leaves no store and no pending run behind. The backends:
 
 - ``backend="loky"``: joblib's loky process pool with ``jobs`` workers
   (``Parallel(return_as="generator_unordered")``); with ``jobs=1`` the jobs run in this
-  process.
+  process. Workers exit within a second when the runner dies, even by SIGKILL (they
+  watch their parent process), and loky's resource tracker follows them.
 - ``backend="ray"``: one Ray task per job (1 CPU each) on the cluster at ``address``
   (``"auto"``: the one this machine belongs to), or on a local Ray with ``jobs`` CPUs
   started for the run and shut down after it.
@@ -23,6 +24,7 @@ finished is kept.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -92,14 +94,34 @@ def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
     return prepared_graphs
 
 
+def _exit_with_parent(parent: int, interval_s: float = 0.5) -> None:
+    """Run at the start of each loky worker: end the worker when its parent ``parent``
+    (the runner) is gone.
+
+    A runner killed with SIGKILL cannot shut its loky pool down; its workers would run on,
+    reparented, for ever (and loky's resource tracker with them, since they hold its
+    pipe). A daemon thread checks the parent every ``interval_s`` and exits when it
+    changes.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="travorder-parent-watch", daemon=True).start()
+
+
 def _run_loky(jobs: list[Job], graphs: dict[str, OpGraph],
               clusters: dict[str, Cluster], n_workers: int
               ) -> Iterator[tuple[Job, dict[str, Any]]]:
-    from joblib import Parallel, delayed
+    from joblib import Parallel, delayed, parallel_config
 
-    parallel = Parallel(n_jobs=n_workers, backend="loky", return_as="generator_unordered")
-    yield from parallel(delayed(run_job_safely)(job, graphs[job.graph_name],
-                                                clusters[job.cluster]) for job in jobs)
+    with parallel_config(backend="loky", initializer=_exit_with_parent,
+                         initargs=(os.getpid(),)):
+        parallel = Parallel(n_jobs=n_workers, return_as="generator_unordered")
+        yield from parallel(delayed(run_job_safely)(job, graphs[job.graph_name],
+                                                    clusters[job.cluster]) for job in jobs)
 
 
 def _run_ray(jobs: list[Job], graphs: dict[str, OpGraph],
