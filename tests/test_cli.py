@@ -44,7 +44,26 @@ def test_info_json(capsys, model):
 
 def test_info_table(capsys, model):
     code, out, _ = run(capsys, "info", model)
-    assert code == 0 and "nodes / edges" in out and "FLOP" in out
+    n = load_graph(model).n_nodes
+    assert code == 0 and "nodes / edges" in out and "FLOPs (forward)" in out
+    assert f"placed as a training step of {2 * n} nodes" in out
+    assert "None" not in out and "unknown / " in out  # no family in an ONNX file
+
+
+def test_info_of_a_training_graph_says_so(capsys, model, tmp_path):
+    path = tmp_path / "t.json.gz"
+    assert run(capsys, "convert", model, str(path), "--training")[0] == 0
+    code, out, _ = run(capsys, "info", str(path))
+    assert code == 0 and "training step (forward and backward ops)" in out
+    assert "FLOPs (forward and backward)" in out
+    code, out, _ = run(capsys, "info", str(path), "--json")
+    assert json.loads(out)["training_step_nodes"] == json.loads(out)["nodes"]
+
+
+def test_recommend_order_says_which_graph_it_counts(capsys, model):
+    code, out, _ = _recommend(capsys, model)
+    n = load_graph(model).n_nodes
+    assert code == 0 and f"({n} forward ops, placed as a {2 * n}-node training step)" in out
 
 
 def test_convert_round_trip(capsys, model, tmp_path):

@@ -73,6 +73,8 @@ def _load(path: str, *, training: bool = False) -> Any:
 def cmd_info(args: argparse.Namespace) -> None:
     import numpy as np
 
+    from travorder.graph import training_graph
+
     g = _load(args.model)
     info = {
         "name": g.name,
@@ -85,6 +87,8 @@ def cmd_info(args: argparse.Namespace) -> None:
         "activation_bytes": float(g.output_bytes.sum()),
         "measured_ops": int((~np.isnan(g.time_us)).sum()),
         "backward_ops": int(g.is_backward.sum()),
+        # what the placers and recommend-order work on: the training step
+        "training_step_nodes": training_graph(g).n_nodes,
         "unknown_shape_ops": list(g.meta.get("unknown_shape_ops") or []),
     }
     if args.features:
@@ -98,12 +102,17 @@ def cmd_info(args: argparse.Namespace) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    training = info["backward_ops"] > 0
     table = Table(title=f"{info['name']}", show_header=False)
+    table.add_row("graph", "training step (forward and backward ops)" if training else
+                  f"forward (placed as a training step of {info['training_step_nodes']} "
+                  "nodes)")
     table.add_row("nodes / edges", f"{info['nodes']} / {info['edges']}")
-    table.add_row("forward FLOPs", _human(info["flops"], "FLOP"))
+    table.add_row("FLOPs (forward and backward)" if training else "FLOPs (forward)",
+                  _human(info["flops"], "FLOP"))
     table.add_row("parameters", _human(info["param_bytes"], "B"))
     table.add_row("activations", _human(info["activation_bytes"], "B"))
-    table.add_row("family / source", f"{info['family']} / {info['source']}")
+    table.add_row("family / source", f"{info['family'] or 'unknown'} / {info['source']}")
     table.add_row("measured ops", str(info["measured_ops"]))
     table.add_row("backward ops", str(info["backward_ops"]))
     unknown = info["unknown_shape_ops"]
@@ -600,7 +609,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
                                 "efficiency": placed.efficiency, "feasible": placed.feasible}
         _print_json(doc)
         return
-    print(f"{rec.graph} ({rec.n_nodes} nodes) on {rec.cluster}")
+    forward = int((~g.is_backward).sum())
+    print(f"{rec.graph} ({forward} forward ops, placed as a {rec.n_nodes}-node training "
+          f"step) on {rec.cluster}")
     print(f"recommended order: {rec.order}  (probability {rec.probability:.2f})")
     how = "regret if used" if rec.verified and rec.runner_up in rec.verified \
         else "expected regret if used"
