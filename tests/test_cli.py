@@ -308,3 +308,115 @@ def test_zoo_build_reports_failures_and_goes_on(capsys, monkeypatch, tmp_path):
     assert "[1/1] broken_net: FAILED: build: ValueError: invalid literal" in out
     assert "built 0 graphs; 1 models failed" in out
     assert [r["name"] for r in zoo.read_failures(tmp_path / "c")] == ["broken_net"]
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[str, str]:
+    """Two small study datasets (CSV, 5 families): in ``learnable`` the best order
+    is a function of the features (bfs on parallel graphs, topo on the rest), in
+    ``fixed`` topo always wins, so no predictor can beat always-topo."""
+    import pandas as pd
+
+    from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
+    from travorder.featurize import graph_features
+    from travorder.graph import training_graph
+
+    rows = []
+    for fam in ("chain", "resnet", "inception", "rnn", "transformer"):
+        for seed in range(4):
+            g = training_graph(SYNTHETIC_FAMILIES[fam](seed=seed))
+            f = graph_features(g)
+            for cluster in ("k80x3", "v100x4-nvlink"):
+                rows.append({"graph": g.name, "graph_hash": g.graph_hash, "family": fam,
+                             "cluster": cluster,
+                             "placer": "greedy", **{f"f_{k}": v for k, v in f.items()},
+                             "wide": f["parallelism"] > 1.15})
+    frame = pd.DataFrame(rows)
+    out = tmp_path_factory.mktemp("data")
+    paths = {}
+    for name, topo, bfs in (("learnable", frame["wide"].map({True: 1.3, False: 1.0}),
+                             frame["wide"].map({True: 1.0, False: 1.4})),
+                            ("fixed", 1.0, 1.4)):
+        data = frame.drop(columns="wide").assign(time_topo=topo, time_bfs=bfs,
+                                                 time_dfs_preorder=2.0, ties="")
+        data["best_order"] = data[["time_topo", "time_bfs"]].idxmin(axis=1).str[5:]
+        paths[name] = str(out / f"{name}.csv")
+        data.to_csv(paths[name], index=False)
+    return paths
+
+
+@pytest.fixture
+def config_home(monkeypatch, tmp_path) -> Path:
+    """A user config directory of the test's own, and no TRAVORDER_MODEL."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("TRAVORDER_MODEL", raising=False)
+    return tmp_path / "config" / "travorder" / "model"
+
+
+def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_path):
+    import pandas as pd
+
+    n = len(pd.read_csv(datasets["learnable"]).drop_duplicates(["graph_hash", "cluster"]))
+    out = tmp_path / "model"
+    code, text, err = run(capsys, "train", "--data", datasets["learnable"], "--out", str(out),
+                          "--kinds", "classifier", "--use-as-default")
+    assert code == 0 and f"trained a classifier on {n} rows" in text, err
+    # progress: every fold of every kind, then the final fit
+    assert [line for line in err.splitlines() if "fold" in line] == [
+        f"classifier: fold {i}/5 (holding out {fam})" for i, fam in
+        enumerate(["chain", "inception", "resnet", "rnn", "transformer"], 1)]
+    assert f"fitting the classifier on all {n} rows" in err and "warning" not in err
+    assert f"installed as the default model: {config_home}" in text
+
+    code, text, _ = run(capsys, "model", "show")
+    assert code == 0 and f"active model: {config_home} (user default)" in text
+    assert "kind: classifier" in text and f"n_rows: {n}" in text
+    code, text, _ = run(capsys, "model", "show", "--json")
+    assert json.loads(text)["manifest"]["kind"] == "classifier"
+
+    code, text, err = run(capsys, "evaluate", "--data", datasets["learnable"], "--kinds",
+                          "classifier", "--json")
+    result = json.loads(text)
+    methods = {r["method"]: r for r in result["table"]}
+    assert code == 0 and result["best_fixed"] in methods and "classifier: fold 5/5" in err
+    assert methods["classifier"]["mean_regret"] < methods[result["best_fixed"]]["mean_regret"]
+    code, text, _ = run(capsys, "evaluate", "--data", datasets["learnable"], "--kinds",
+                        "classifier")
+    assert code == 0 and "mean regret per held-out family" in text
+
+    code, text, _ = run(capsys, "model", "reset")
+    assert code == 0 and f"removed the user default model {config_home}" in text
+    assert "(bundled default)" in text and not config_home.exists()
+    code, text, _ = run(capsys, "model", "show")
+    assert "(bundled default)" in text
+    code, text, _ = run(capsys, "model", "reset")
+    assert code == 0 and "no user default model was installed" in text
+
+
+def test_train_will_not_install_a_model_that_loses_to_a_fixed_order(capsys, datasets,
+                                                                    config_home, tmp_path):
+    out = tmp_path / "model"
+    argv = ["train", "--data", datasets["fixed"], "--out", str(out), "--kinds", "classifier"]
+    code, _, err = run(capsys, *argv, "--use-as-default")
+    last = err.splitlines()[-1]
+    assert code == 2 and last.startswith("error: not installed as the default model: the "
+                                         "classifier does not beat always-topo"), err
+    assert "--force" in last and "Traceback" not in err
+    assert (out / "manifest.json").exists() and not config_home.exists()
+    code, text, err = run(capsys, *argv)  # not installing: a warning only
+    assert code == 0 and "warning: the classifier does not beat always-topo" in err
+    code, text, err = run(capsys, *argv, "--use-as-default", "--force")
+    assert code == 0 and "warning:" in err and (config_home / "manifest.json").exists()
+
+
+def test_calibrate_writes_a_cluster_file(capsys, tmp_path):
+    pytest.importorskip("torch")
+    from travorder.placement.clusters import load_cluster
+
+    path = tmp_path / "cpu.toml"
+    code, out, _ = run(capsys, "calibrate", "--devices", "cpu,cpu", "--quick", "--out",
+                       str(path))
+    assert code == 0 and f"wrote {path}: cluster 'calibrated-2xcpu', 2 devices" in out
+    assert "TFLOP/s" in out and load_cluster(path).n_devices == 2
+    _one_line_error(capsys, ["calibrate", "--devices", "tpu:0", "--quick", "--out",
+                             str(tmp_path / "x.toml")], "unknown device 'tpu:0'")

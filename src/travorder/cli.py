@@ -380,9 +380,22 @@ def cmd_train(args: argparse.Namespace) -> None:
     from travorder.predictor.active import install_as_default
     from travorder.predictor.train import train_predictor
 
-    res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds))
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
+                          progress=progress)
     _print_evaluation(res.evaluation, per_family=False)
     print(f"trained a {res.kind} on {len(res.frame)} rows; wrote {args.out}")
+    if not res.beats_fixed:
+        table, fixed = res.evaluation.table, res.evaluation.best_fixed
+        worse = (f"the {res.kind} does not beat {fixed} on its own leave-family-out "
+                 f"evaluation (mean regret {100 * table.loc[res.kind, 'mean_regret']:.2f}% "
+                 f"vs {100 * table.loc[fixed, 'mean_regret']:.2f}%)")
+        if args.use_as_default and not args.force:
+            raise TravorderError(f"not installed as the default model: {worse}; "
+                                 "--force installs it anyway")
+        print(f"warning: {worse}", file=sys.stderr)
     if args.use_as_default:
         print(f"installed as the default model: {install_as_default(args.out)}")
 
@@ -395,11 +408,22 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     frame = read_sources(args.data)
     if args.placer:
         frame = frame[frame["placer"] == args.placer]
-    ev = evaluate(design_matrix(frame), _kinds(args.kinds))
+    ev = evaluate(design_matrix(frame), _kinds(args.kinds),
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         _print_json({**ev.summary(), "per_family": ev.per_family.to_dict()})
         return
     _print_evaluation(ev, per_family=True)
+
+
+def cmd_model_reset(args: argparse.Namespace) -> None:
+    from travorder.predictor.active import active_model_dir, reset_default
+
+    removed = reset_default()
+    directory, why = active_model_dir()
+    print(f"removed the user default model {removed}" if removed is not None
+          else "no user default model was installed")
+    print(f"recommend-order now uses {directory} ({why})")
 
 
 def cmd_model_show(args: argparse.Namespace) -> None:
@@ -487,7 +511,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train the order predictor on study results")
     p.add_argument("--out", required=True, help="directory for the model")
     p.add_argument("--use-as-default", action="store_true",
-                   help="install the model so that recommend-order uses it")
+                   help="install the model so that recommend-order uses it (refused when "
+                        "it does not beat the best fixed order, unless --force)")
+    p.add_argument("--force", action="store_true",
+                   help="with --use-as-default: install even a model that does not beat "
+                        "the best fixed order")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", parents=[data_opts],
@@ -501,6 +529,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--predictor", metavar="DIR", help="show this model directory instead")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_model_show)
+    q = msub.add_parser("reset", help="remove the model installed by train "
+                                      "--use-as-default: back to the bundled model")
+    q.set_defaults(func=cmd_model_reset)
 
     p = sub.add_parser("calibrate", help="measure this machine's devices and links into a "
                                           "cluster file")
