@@ -420,3 +420,12 @@ def test_calibrate_writes_a_cluster_file(capsys, tmp_path):
     assert "TFLOP/s" in out and load_cluster(path).n_devices == 2
     _one_line_error(capsys, ["calibrate", "--devices", "tpu:0", "--quick", "--out",
                              str(tmp_path / "x.toml")], "unknown device 'tpu:0'")
+
+
+def test_tables_are_not_cut_when_stdout_is_not_a_terminal(capsys):
+    from travorder.datasets.corpus import read_manifest
+
+    code, out, _ = run(capsys, "zoo", "list")
+    assert code == 0 and "…" not in out
+    for entry in read_manifest(None):
+        assert f" {entry['name']} " in out and f" {entry['source']} " in out

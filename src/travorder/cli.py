@@ -99,7 +99,6 @@ def cmd_info(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(info)
         return
-    from rich.console import Console
     from rich.table import Table
 
     training = info["backward_ops"] > 0
@@ -125,7 +124,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         table.add_row("[bold]features[/bold]", f"schema v{info['feature_schema_version']}")
         for k, v in info["features"].items():
             table.add_row(k, f"{v:.6g}")
-    Console().print(table)
+    _console().print(table)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
@@ -138,8 +137,15 @@ def cmd_convert(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- placement
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def _console() -> Any:
+    """A rich console; when stdout is not a terminal (a pipe, a file) tables are printed
+    at full width, never cut to 80 columns with an ellipsis."""
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=100_000)
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     from rich.table import Table
 
     table = Table(title=title)
@@ -150,7 +156,7 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
         table.add_column(c)
     for r in rows:
         table.add_row(*(str(x) for x in r))
-    Console().print(table)
+    _console().print(table)
 
 
 def cmd_orders(args: argparse.Namespace) -> None:
