@@ -429,3 +429,16 @@ def test_tables_are_not_cut_when_stdout_is_not_a_terminal(capsys):
     assert code == 0 and "…" not in out
     for entry in read_manifest(None):
         assert f" {entry['name']} " in out and f" {entry['source']} " in out
+
+
+def test_place_help_lists_placers_orders_and_defaults(capsys):
+    from travorder.placement.orders import ORDERS
+    from travorder.placement.placers import PLACERS
+
+    with pytest.raises(SystemExit) as info:
+        main(["place", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert info.value.code == 0
+    assert all(f" {p}," in out or f" {p} " in out for p in PLACERS), out
+    assert all(f" {o}" in out for o in ORDERS)
+    assert "(default: k80x3)" in out and "--seed SEED seed (a non-negative integer)" in out

@@ -448,8 +448,34 @@ def cmd_model_show(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose ``lazy_epilog`` (a function) is called only when the help
+    is printed: the registries it lists import the placers, too slow for every start."""
+
+    lazy_epilog: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog = self.lazy_epilog()
+        return super().format_help()
+
+
+def _place_epilog() -> str:
+    import textwrap
+
+    from travorder.placement.orders import ORDERS, TOPOLOGICAL_ORDERS
+    from travorder.placement.placers import PLACERS
+
+    orders = [f"{o} (topological)" if o in TOPOLOGICAL_ORDERS else o for o in ORDERS]
+    return "\n".join([
+        *textwrap.wrap("placers: " + ", ".join(PLACERS), 78, subsequent_indent="  "),
+        *textwrap.wrap("orders (docs/orders.md): " + ", ".join(orders), 78,
+                       subsequent_indent="  "),
+        "clusters: `travorder clusters` lists the presets"])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="travorder",
         description="Study, simulate and recommend traversal orders for device placement.",
     )
@@ -489,12 +515,20 @@ def build_parser() -> argparse.ArgumentParser:
     graph_opts.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("place", parents=[graph_opts],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="place a model graph on a cluster and simulate a training step")
+    p.lazy_epilog = _place_epilog
     p.add_argument("model", help="model file")
-    p.add_argument("--placer", default="greedy", help="placer name (default: greedy)")
-    p.add_argument("--order", default="topo", help="traversal order (default: topo)")
-    p.add_argument("--cluster", default="k80x3", help="preset name or cluster file")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--placer", default="greedy",
+                   help="placer, from the list below (default: greedy)")
+    p.add_argument("--order", default="topo",
+                   help="traversal order, from the list below (default: topo)")
+    p.add_argument("--cluster", default="k80x3",
+                   help="preset name (`travorder clusters` lists them) or .toml/.json "
+                        "cluster file (default: k80x3)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed (a non-negative integer) of the random order and of the "
+                        "placers that draw (random, rl) (default: 0)")
     p.add_argument("-o", "--out", help="write the placement JSON here")
     p.set_defaults(func=cmd_place)
 
