@@ -266,3 +266,16 @@ def test_refit_on_a_plain_array_forgets_the_old_feature_names(frame, tmp_path):
     assert manifest["feature_names"] == [f"x{i}" for i in range(5)]
     np.testing.assert_array_equal(q.predict(data.X.to_numpy()[:, :5]),
                                   p.predict(data.X.to_numpy()[:, :5]))
+
+
+def test_place_auto_says_how_the_order_was_chosen(model_dir, onnx_model):
+    plain = place(onnx_model, "k80x3", predictor=model_dir)
+    assert plain.recommendation.order == plain.order
+    assert plain.recommendation.probability == max(plain.recommendation.probabilities.values())
+    assert plain.recommendation.verified is None
+    checked = place(onnx_model, "k80x3", predictor=model_dir, verify=2)
+    rec = checked.recommendation
+    assert checked.order == rec.order and len(rec.verified) == 2
+    assert rec.verified[checked.order] == min(rec.verified.values())
+    assert checked.to_dict()["recommendation"]["verified"] == rec.verified
+    assert place(onnx_model, "k80x3", order="topo").recommendation is None

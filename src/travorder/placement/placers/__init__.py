@@ -83,7 +83,10 @@ class PlacementResult:
     fits) and ``peak_memory`` (bytes per device) come from the simulator; ``wall_s`` is
     the time spent computing the order and running the placer; ``learning_curve`` the
     step time per episode for placers that learn, else None; ``graph_hash`` that of the
-    placed graph.
+    placed graph; ``recommendation``: when `travorder.place` chose the order
+    (``order="auto"``), the `travorder.api.Recommendation` that chose it (its
+    ``probability``, and with ``verify`` the step time of each order it checked in
+    ``verified``), else None.
     """
 
     placement: np.ndarray
@@ -98,6 +101,7 @@ class PlacementResult:
     wall_s: float
     learning_curve: list[float] | None = None
     graph_hash: str = ""
+    recommendation: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (arrays as lists)."""
@@ -114,6 +118,8 @@ class PlacementResult:
             "wall_s": self.wall_s,
             "learning_curve": self.learning_curve,
             "graph_hash": self.graph_hash,
+            "recommendation": (None if self.recommendation is None
+                               else self.recommendation.to_dict()),
         }
 
 
