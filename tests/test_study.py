@@ -475,6 +475,44 @@ def test_report_draws_rl_learning_curves(tmp_path):
                 "learning_curve": list(np.linspace(20, 10, 3))})
     files = write_report(store, tmp_path / "r")
     assert "curves_k80x3.png" in {p.name for p in files}
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "is a greedy evaluation" in page and "saw-tooth" in page
+
+
+def test_report_figures_are_readable(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from travorder.study import report
+
+    _hand_store(tmp_path / "h.sqlite")
+    row = dataset_frame(tmp_path / "h.sqlite")
+    # 20 families: a tall heatmap; ratios from 1 to 6 on the log axis
+    data = row.loc[row.index.repeat(20)].reset_index(drop=True)
+    data["family"] = [f"family_{i:02d}" for i in range(20)]
+    data["time_alpha"] = np.linspace(100, 570, 20)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figures to inspect
+    report._heatmaps(data, tmp_path / "w.png", "a title")
+    report._ratio_plot(data, tmp_path / "r.png", "a title")
+    monkeypatch.undo()
+    heat, ratio = figures
+    renderer = heat.canvas.get_renderer()
+    title_bottom = heat._suptitle.get_window_extent(renderer).y0
+    assert all(ax.get_tightbbox(renderer).y1 <= title_bottom + 1 for ax in heat.axes)
+    orders = report.dataset_orders(data)
+    for ax in [a for a in heat.axes if a.images]:  # the two heatmaps
+        (top,) = ax.child_axes  # the order names repeated above the tall map
+        assert [t.get_text() for t in top.get_xticklabels()] == orders
+    ratio.canvas.draw()
+    labels = [t.get_text() for t in (*ratio.axes[0].get_yticklabels(),
+                                     *ratio.axes[0].get_yticklabels(minor=True))]
+    assert "2" in labels and "5" in labels
+    assert not any("10^" in x or "times" in x for x in labels), labels
+    for fig in figures:
+        plt.close(fig)
 
 
 def test_report_includes_the_predictor_evaluation(tmp_path, capsys):
