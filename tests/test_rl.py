@@ -384,11 +384,34 @@ def test_importing_the_rl_package_does_not_import_torch() -> None:
     assert out.split() == ["False", "False"]
 
 
-@pytest.mark.slow
-def test_learning_shows_within_fifty_episodes() -> None:
+def _learning_ratios(lr: float, seeds: range) -> list[float]:
+    """Per seed, the mean step time of the last 8 sampled episodes over the first 8's, in
+    50-episode runs on a 3-cell ENAS CNN on the study's K80s."""
     from travorder.datasets.synthetic import enas_cnn
 
     g = training_graph(enas_cnn(seed=0, n_cells=3))
-    run = train(g, load_cluster("k80x3"), traversal_order(g, "topo"), seed=0)
-    sampled = np.array(run.curve)[~np.array(run.greedy)]
-    assert sampled[-8:].mean() < 0.8 * sampled[:8].mean()
+    ratios = []
+    for seed in seeds:
+        run = train(g, load_cluster("k80x3"), traversal_order(g, "topo"), seed=seed,
+                    config=RLConfig(lr=lr))
+        sampled = np.array(run.curve)[~np.array(run.greedy)]
+        ratios.append(float(sampled[-8:].mean() / sampled[:8].mean()))
+    return ratios
+
+
+def _learns(ratios: list[float]) -> bool:
+    """The learning criterion: the sampled step time falls by a fifth on at least 4 of 5
+    seeds (one seed may stay stuck: seed 3 does)."""
+    return sum(r < 0.8 for r in ratios) >= len(ratios) - 1
+
+
+@pytest.mark.slow
+def test_learning_shows_within_fifty_episodes() -> None:
+    seeds = range(5)
+    trained = _learning_ratios(1e-3, seeds)
+    assert _learns(trained), trained
+    # The control: the same runs with a frozen policy (Adam with lr 1e-12). Starting each
+    # episode from the best placement so far is not learning; it must fail the criterion.
+    frozen = _learning_ratios(1e-12, seeds)
+    assert not _learns(frozen), frozen
+    assert min(frozen) > max(sorted(trained)[:-1]), (trained, frozen)
