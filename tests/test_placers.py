@@ -197,7 +197,7 @@ def test_result_to_dict_is_json_ready() -> None:
     assert json.loads(json.dumps(d))["placement"] == [0, 0, 0, 1, 1, 1]
     assert set(d) == {"placement", "step_time_us", "lower_bound_us", "efficiency",
                       "feasible", "peak_memory", "placer", "order", "seed", "wall_s",
-                      "learning_curve", "graph_hash"}
+                      "learning_curve", "graph_hash", "recommendation"}
     assert d["wall_s"] >= 0 and d["learning_curve"] is None
     assert d["graph_hash"] == CHAINS.graph_hash
 
