@@ -1,6 +1,6 @@
 """Measured versus simulated training-step time of placements applied to real models.
 
-For a residual CNN, a transformer block and an unrolled RNN (tests/torch_models.py):
+For a residual CNN, a transformer block and an unrolled RNN (travorder.datasets.torch_examples):
 capture the model, place its training graph on the cluster with several placers and
 orders (plus an op-by-op alternating placement), apply every distinct placement to the
 model on the devices, time training steps (forward, loss, backward, SGD step), and print
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -31,10 +30,7 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.torch_models
-
-from tests.torch_models import MODELS, loss_for
-
+from travorder.datasets.torch_examples import MODELS, loss_for
 from travorder.graph import training_graph
 from travorder.placement import Simulator, load_cluster
 from travorder.placement.calibrate import calibrate

@@ -403,9 +403,9 @@ def test_train_will_not_install_a_model_that_loses_to_a_fixed_order(capsys, data
                                          "classifier does not beat always-topo"), err
     assert "--force" in last and "Traceback" not in err
     assert (out / "manifest.json").exists() and not config_home.exists()
-    code, text, err = run(capsys, *argv)  # not installing: a warning only
+    code, _, err = run(capsys, *argv)  # not installing: a warning only
     assert code == 0 and "warning: the classifier does not beat always-topo" in err
-    code, text, err = run(capsys, *argv, "--use-as-default", "--force")
+    code, _, err = run(capsys, *argv, "--use-as-default", "--force")
     assert code == 0 and "warning:" in err and (config_home / "manifest.json").exists()
 
 

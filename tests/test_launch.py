@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from tests.torch_models import MODELS, loss_for  # noqa: E402
+from travorder.datasets.torch_examples import MODELS, loss_for  # noqa: E402
 from travorder.errors import TravorderError  # noqa: E402
 from travorder.graph import training_graph  # noqa: E402
 from travorder.placement.capture import capture_graph  # noqa: E402

@@ -5,9 +5,9 @@ sides ``n/4``, ``n/2`` and ``n``, memory bandwidth from on-device copies (bytes 
 written) of a quarter, half and all of ``stream_bytes``, and the launch gap from a chain of tiny
 differentiable ops run forward and backward (the time per op, with the dispatch and
 autograd overhead that eager training pays on every op). Peak FLOP/s and bandwidth are
-the slopes of ``time = fixed + work / rate`` fitted to the three sizes (`fit_link`): the fixed cost that
-every op pays whatever its size is the launch gap's part of the cost model, not
-slowness. On a CPU whose cores are busy that fixed cost is large (waking torch's
+the slopes of ``time = fixed + work / rate`` fitted to the three sizes (`fit_link`):
+the fixed cost that every op pays whatever its size is the launch gap's part of the cost
+model, not slowness. On a CPU whose cores are busy that fixed cost is large (waking torch's
 intra-op threads took 15-30 ms per op on a loaded 2-core machine): timing one small op
 and dividing its work by its time measured that fixed cost, and so the first quick sizes
 (a 64x64 product, a 64 KB copy) reported rates about 500 times too low. The sizes must
