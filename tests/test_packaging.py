@@ -49,3 +49,14 @@ def test_benchmarks_do_not_import_the_tests():
     imported = _imported_modules(list((ROOT / "benchmarks").glob("*.py")))
     assert not [m for m in imported if m.split(".")[0] == "tests"]
     assert not any("sys.path" in f.read_text() for f in (ROOT / "benchmarks").glob("*.py"))
+
+
+def test_ci_runs_the_readme_command_with_every_test_and_ruff():
+    readme = (ROOT / "README.md").read_text()
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith(("#", "set ", "cd "))]
+    assert len(ci) == 1 and f"```bash\n{ci[0]}\n```" in readme
+    assert ".venv/bin/ruff check" in ci[0] and ci[0].endswith(".venv/bin/python -m pytest")
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"]["addopts"]
+    assert "slow" not in addopts  # a bare `pytest` runs the slow tests too
