@@ -36,7 +36,7 @@ from travorder.placement import Simulator, load_cluster
 from travorder.placement.calibrate import calibrate
 from travorder.placement.capture import capture_graph
 from travorder.placement.launch import apply, time_step, to_device
-from travorder.placement.placers import place
+from travorder.placement.placers import place_graph
 
 PLACERS = ("single", "round_robin", "contiguous", "greedy", "m_topo", "m_etf", "m_sct")
 ORDERS = ("topo", "reversed_topo", "dfs_preorder", "dfs_postorder", "bfs", "alpha")
@@ -49,7 +49,7 @@ def placements(tg, cluster) -> list[tuple[str, str, np.ndarray, float]]:
     seen, rows = set(), []
     for placer in PLACERS:
         for order in ORDERS if placer in ORDER_SENSITIVE else ("topo",):
-            r = place(tg, cluster, placer=placer, order=order)
+            r = place_graph(tg, cluster, placer=placer, order=order)
             key = r.placement.tobytes()
             if key not in seen:
                 seen.add(key)

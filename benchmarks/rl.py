@@ -26,7 +26,7 @@ from travorder.datasets import synthetic
 from travorder.graph import training_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.placers import place
+from travorder.placement.placers import place_graph
 from travorder.placement.rl.trainer import RLConfig, train
 from travorder.placement.simulator import Simulator
 
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     cpu0 = time.process_time()
     run = train(graph, cluster, order, args.seed, config, simulator=sim)
     cpu = time.process_time() - cpu0
-    single = place(graph, cluster, "single").step_time_us
+    single = place_graph(graph, cluster, "single").step_time_us
     curve = np.array(run.curve)
     steps = args.episodes * graph.n_nodes
     figures = {

@@ -134,7 +134,7 @@ def test_recommendation_is_a_distribution_over_orders(model_dir, onnx_model):
 
 def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_model):
     from travorder.graph.onnx_import import read_onnx
-    from travorder.placement.placers import place as place_graph
+    from travorder.placement.placers import place_graph
 
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=3)
     study_graph = training_graph(read_onnx(onnx_model))  # the fixture's model: no coarsening

@@ -19,7 +19,7 @@ from travorder.errors import TravorderError
 from travorder.graph import OpGraph, training_graph
 from travorder.placement.clusters import Cluster, Device, load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.placers import PLACERS, place
+from travorder.placement.placers import PLACERS, place_graph
 from travorder.placement.rl import rl_place
 from travorder.placement.rl.env import PlacementEnv, worst_case_memory
 from travorder.placement.rl.policy import (
@@ -338,11 +338,11 @@ def test_the_sage_encoder_and_penalty_mode_run() -> None:
 
 def test_rl_is_a_placer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(PLACERS, "rl", rl_place)
-    r = place(CHAINS, cluster(2), placer="rl", order="dfs_preorder", episodes=10)
+    r = place_graph(CHAINS, cluster(2), placer="rl", order="dfs_preorder", episodes=10)
     assert r.placer == "rl" and len(r.learning_curve) == 10
     assert r.step_time_us == Simulator(CHAINS, cluster(2)).step_time(r.placement)
     with pytest.raises(TravorderError, match="has no option 'epochs'"):
-        place(CHAINS, cluster(2), placer="rl", epochs=3)
+        place_graph(CHAINS, cluster(2), placer="rl", epochs=3)
 
 
 def test_config_presets_and_options() -> None:

@@ -134,8 +134,8 @@ def test_run_job_is_the_placement_of_the_prepared_graph():
     job = make_job(g, c, "bfs", "greedy", {}, seed=0, training=True)
     prepared = prepare_graph(g, True)
     out = run_job(job, prepared, c)
-    from travorder.placement import place
-    direct = place(prepared, c, "greedy", "bfs", 0)
+    from travorder.placement import place_graph
+    direct = place_graph(prepared, c, "greedy", "bfs", 0)
     assert out["placement"] == direct.placement.tolist()
     assert out["step_time_us"] == direct.step_time_us
     assert out["study_hash"] == prepared.graph_hash and out["study_nodes"] == 2 * g.n_nodes
@@ -172,9 +172,9 @@ def test_study_runs_resumes_and_adds_only_new_jobs(tmp_path):
                              "'topo' AND seed = 0 ORDER BY graph_name LIMIT 1").fetchone()
     con.close()
     g = prepare_graph(spec().select_graphs()[0], True, 40)
-    from travorder.placement import place
+    from travorder.placement import place_graph
     assert name == g.name
-    assert decode_placement(blob).tolist() == place(g, "k80x3").placement.tolist()
+    assert decode_placement(blob).tolist() == place_graph(g, "k80x3").placement.tolist()
 
 
 def _explode(graph, cluster, order, seed):

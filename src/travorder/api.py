@@ -136,7 +136,7 @@ def _verify(graph: OpGraph, cluster: Cluster, names: list[str], shortlist: np.nd
             ranked: np.ndarray, placer: str, seed: int) -> tuple[np.ndarray, dict[str, float]]:
     """Place ``graph`` with the ``shortlist`` orders; return the ranking with the checked
     orders first, fastest (feasible) first, and each checked order's step time."""
-    from travorder.placement.placers import place as place_graph
+    from travorder.placement.placers import place_graph
 
     results = {int(j): place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
                for j in shortlist}
@@ -159,7 +159,7 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
     """
     from dataclasses import replace
 
-    from travorder.placement.placers import place as place_graph
+    from travorder.placement.placers import place_graph
 
     g = as_graph(model, example_inputs)
     c = load_cluster(cluster)

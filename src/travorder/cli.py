@@ -216,12 +216,12 @@ def _print_sim(title: str, step_us: float, lb_us: float, eff: float, feasible: b
 def cmd_place(args: argparse.Namespace) -> None:
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
-    from travorder.placement.placers import place
+    from travorder.placement.placers import place_graph
 
     _check_out(args.out)
     g = _load(args.model, training=not args.forward_only)
     cluster = load_cluster(args.cluster)
-    r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed)
+    r = place_graph(g, cluster, placer=args.placer, order=args.order, seed=args.seed)
     doc = placement_doc(r, g, cluster)
     if args.out:
         _write_json(args.out, doc)
@@ -668,9 +668,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     placed = None
     if args.place:
         from travorder.placement.placement_file import placement_doc
-        from travorder.placement.placers import place
+        from travorder.placement.placers import place_graph
 
-        placed = place(g, cluster, placer=args.placer, order=rec.order, seed=args.seed)
+        placed = place_graph(g, cluster, placer=args.placer, order=rec.order, seed=args.seed)
         _write_json(args.place, placement_doc(placed, g, cluster))
     if args.json:
         doc = rec.to_dict()

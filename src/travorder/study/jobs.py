@@ -32,7 +32,7 @@ import numpy as np
 
 import travorder
 from travorder.graph import OpGraph
-from travorder.placement import Cluster, place
+from travorder.placement import Cluster, place_graph
 from travorder.study.spec import StudySpec
 
 #: Bump when `run_job` changes what it computes: old results then no longer count as done.
@@ -128,7 +128,7 @@ def run_job(job: Job, graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
     `run_job_safely`.
     """
     start = time.perf_counter()
-    result = place(graph, cluster, placer=job.placer, order=job.order, seed=job.seed,
+    result = place_graph(graph, cluster, placer=job.placer, order=job.order, seed=job.seed,
                    **job.options)
     return {
         "status": "done",

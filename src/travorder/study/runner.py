@@ -33,7 +33,7 @@ from typing import Any
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
-from travorder.placement import Cluster, place
+from travorder.placement import Cluster, place_graph
 from travorder.study.jobs import Job, run_job_safely, spec_jobs
 from travorder.study.spec import StudySpec, load_spec
 from travorder.study.store import ResultStore
@@ -69,7 +69,7 @@ class StudySummary:
 def _preflight(spec: StudySpec) -> None:
     for cluster in spec.clusters:
         try:
-            place(_PREFLIGHT, cluster, spec.placer, spec.orders[0], 0, **spec.placer_options)
+            place_graph(_PREFLIGHT, cluster, spec.placer, spec.orders[0], 0, **spec.placer_options)
         except TravorderError as exc:
             raise TravorderError(f"{spec.source}: placer {spec.placer!r} on cluster "
                                  f"{cluster.name!r}: {exc}") from None

@@ -1,11 +1,15 @@
-"""Placers behind one interface: `place` and the `PLACERS` registry.
+"""Placers behind one interface: `place_graph` and the `PLACERS` registry.
 
 A placer is a function ``(graph, cluster, order, seed, **options) -> placement`` where
 ``order`` is the traversal order as a permutation of node indices and the placement is an
 int64 array with a device index per node, or a tuple ``(placement, learning_curve)`` for
-placers that learn. `place` computes the order, runs the placer, times it, simulates the
+placers that learn. `place_graph` computes the order, runs the placer, times it, simulates the
 placement with :class:`~travorder.placement.simulator.Simulator` and returns a
 `PlacementResult`: step times and feasibility always come from the simulator.
+
+`place_graph` places an `OpGraph` as it is; `travorder.place` (`travorder.api`) is the
+launcher's call: it also reads model files, expands a forward graph into its training
+step and can choose the order (``order="auto"``).
 
 Memory: the placers other than ``single`` choose only devices where the node still fits a
 conservative memory estimate (see :mod:`travorder.placement.placers.schedule`); when
@@ -13,7 +17,7 @@ nothing fits they go on regardless, and ``feasible`` (the simulator's verdict) i
 
 >>> from travorder.graph import OpGraph
 >>> g = OpGraph(["a", "b", "c"], [0, 0], [1, 2], time_us=[5.0, 50.0, 50.0])
->>> r = place(g, "v100x4-nvlink", placer="greedy", order="topo")
+>>> r = place_graph(g, "v100x4-nvlink", placer="greedy", order="topo")
 >>> r.placement.tolist(), r.feasible
 ([0, 0, 1], True)
 """
@@ -134,7 +138,7 @@ def _check_options(name: str, fn: PlacerFn, options: dict[str, Any]) -> None:
             raise TravorderError(f"placer {name!r} has no option {key!r} (options: {valid})")
 
 
-def place(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
+def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
           order: str = "topo", seed: int = 0, **options: Any) -> PlacementResult:
     """Place `graph` on `cluster` (a `Cluster`, preset name or file) with `placer`, visiting
     nodes in traversal `order`; `options` go to the placer (e.g. ``colocate=False``).
