@@ -1,6 +1,6 @@
 """Measured versus simulated training-step time of placements applied to real models.
 
-For a residual CNN, a transformer block and an unrolled RNN (tests/torch_models.py):
+For a residual CNN, a transformer block and an unrolled RNN (travorder.datasets.torch_examples):
 capture the model, place its training graph on the cluster with several placers and
 orders (plus an op-by-op alternating placement), apply every distinct placement to the
 model on the devices, time training steps (forward, loss, backward, SGD step), and print
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -31,16 +30,13 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for tests.torch_models
-
-from tests.torch_models import MODELS, loss_for
-
+from travorder.datasets.torch_examples import MODELS, loss_for
 from travorder.graph import training_graph
 from travorder.placement import Simulator, load_cluster
 from travorder.placement.calibrate import calibrate
 from travorder.placement.capture import capture_graph
 from travorder.placement.launch import apply, time_step, to_device
-from travorder.placement.placers import place
+from travorder.placement.placers import place_graph
 
 PLACERS = ("single", "round_robin", "contiguous", "greedy", "m_topo", "m_etf", "m_sct")
 ORDERS = ("topo", "reversed_topo", "dfs_preorder", "dfs_postorder", "bfs", "alpha")
@@ -53,7 +49,7 @@ def placements(tg, cluster) -> list[tuple[str, str, np.ndarray, float]]:
     seen, rows = set(), []
     for placer in PLACERS:
         for order in ORDERS if placer in ORDER_SENSITIVE else ("topo",):
-            r = place(tg, cluster, placer=placer, order=order)
+            r = place_graph(tg, cluster, placer=placer, order=order)
             key = r.placement.tobytes()
             if key not in seen:
                 seen.add(key)

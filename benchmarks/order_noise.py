@@ -24,7 +24,7 @@ import numpy as np
 from joblib import Parallel, delayed
 
 from travorder.placement import load_cluster
-from travorder.placement.placers import place
+from travorder.placement.placers import place_graph
 from travorder.study import load_spec
 from travorder.study.export import REL_TOL
 
@@ -45,7 +45,7 @@ def _graph_times(g, clusters, sigma: float, repeats: int, seed: int) -> np.ndarr
     """Step times ``(clusters, 1 + repeats, orders)``; index 0 on the nominal costs."""
     rng = np.random.default_rng(seed)
     variants = [g, *(_perturbed(g, sigma, rng) for _ in range(repeats))]
-    return np.array([[[place(v, c, "greedy", order=o).step_time_us for o in ORDERS]
+    return np.array([[[place_graph(v, c, "greedy", order=o).step_time_us for o in ORDERS]
                       for v in variants] for c in clusters])
 
 

@@ -45,7 +45,7 @@ from travorder.graph import OpGraph, coarsen, training_graph
 from travorder.graph.onnx_import import read_onnx
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.placement.orders import ORDERS, STUDY_ORDERS, TOPOLOGICAL_ORDERS
-from travorder.placement.placers import PLACERS, place
+from travorder.placement.placers import PLACERS, place_graph
 from travorder.placement.simulator import simulate
 
 
@@ -112,7 +112,7 @@ def part1(console: Console, gs: dict[str, OpGraph], presets: list[Cluster],
         for g_name, g in gs.items():
             c = cluster or tight(presets[0], g)
             for p_name in [p for p in PLACERS if p != "rl"]:
-                r = place(g, c, p_name, "topo")
+                r = place_graph(g, c, p_name, "topo")
                 rows.append({"part": 1, "cluster": c.name, "graph": g_name, "placer": p_name,
                              "order": "topo", "step_time_us": r.step_time_us,
                              "efficiency": r.efficiency, "feasible": r.feasible,
@@ -132,7 +132,7 @@ def part2(console: Console, gs: dict[str, OpGraph], presets: list[Cluster],
     for cluster in presets:
         for g_name, g in gs.items():
             t0 = time.perf_counter()
-            step = {o: place(g, cluster, "greedy", o).step_time_us for o in ORDERS}
+            step = {o: place_graph(g, cluster, "greedy", o).step_time_us for o in ORDERS}
             wall = time.perf_counter() - t0
             ratios = [spread(step, s) for s in (ORDERS, TOPOLOGICAL_ORDERS, STUDY_ORDERS)]
             rows.append({"part": 2, "cluster": cluster.name, "graph": g_name,
@@ -154,7 +154,7 @@ def part3(console: Console, gs: dict[str, OpGraph], episodes: int, max_nodes: in
           rows: list[dict]) -> None:
     """``rl`` on k80x3 with each study order, next to the other placers."""
     cluster = load_cluster("k80x3")
-    place(gs["resnet"], cluster, "rl", "topo", episodes=1)  # compile the kernels first
+    place_graph(gs["resnet"], cluster, "rl", "topo", episodes=1)  # compile the kernels first
     runs = new_table(f"Part 3 — rl on k80x3, seed 0, {episodes} episodes, each study order "
                      "(first/last 10: mean step time of those episodes)",
                      "graph", "order", "step ms", "efficiency", "feasible",
@@ -169,11 +169,11 @@ def part3(console: Console, gs: dict[str, OpGraph], episodes: int, max_nodes: in
             notes.append(f"{g_name}@{max_nodes}: {g_name} ({g.n_nodes} nodes) coarsened to "
                          f"{max_nodes} nodes; every placer of part 3 ran on the coarsened copy.")
             g, g_name = coarsen(g, max_nodes).graph, f"{g_name}@{max_nodes}"
-        base = {p: place(g, cluster, p, "topo") for p in BASELINES}
+        base = {p: place_graph(g, cluster, p, "topo") for p in BASELINES}
         step, learns = {}, 0
         for o in STUDY_ORDERS:
             cpu = time.process_time()
-            r = place(g, cluster, "rl", o, episodes=episodes)
+            r = place_graph(g, cluster, "rl", o, episodes=episodes)
             cpu = time.process_time() - cpu
             first, last = np.mean(r.learning_curve[:10]), np.mean(r.learning_curve[-10:])
             step[o], learns = r.step_time_us, learns + (last < first)

@@ -31,7 +31,7 @@ from travorder.datasets import synthetic
 from travorder.graph import training_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.placers import place
+from travorder.placement.placers import place_graph
 from travorder.placement.rl.trainer import ENGINES, PRESETS, RLConfig, train
 
 SIZES = {"inception": {"n_modules": 5}, "resnet": {}, "transformer": {"n_layers": 3},
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {} if args.episodes is None else {"episodes": args.episodes}
     config = RLConfig.from_options(args.preset, **options)
     engines = ENGINES if args.engine == "both" else (args.engine,)
-    single = place(graph, cluster, "single").step_time_us
+    single = place_graph(graph, cluster, "single").step_time_us
     print(f"{args.family} training graph: {graph.n_nodes} nodes, {graph.n_edges} edges; "
           f"{cluster.name}, order {args.order}, preset {args.preset}, {config.episodes} "
           f"episodes, seed {args.seed}")

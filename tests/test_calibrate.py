@@ -47,6 +47,16 @@ def test_calibrate_cpu_writes_a_loadable_file(tmp_path):
     assert load_cluster(json_path) == c
 
 
+def test_a_fixed_cost_per_op_is_not_counted_as_slowness(monkeypatch):
+    # On a machine whose cores are busy every CPU op pays a fixed cost of milliseconds
+    # (the intra-op threads wait for a time slice); on a GPU, the launch. Add 20 ms to
+    # every timing: the rates must stay those of a real CPU, not work / 20 ms.
+    timed = cal._best_us
+    monkeypatch.setattr(cal, "_best_us", lambda *a, **k: timed(*a, **k) + 20_000.0)
+    f = cal.measure_device(torch.device("cpu"), cal.QUICK)
+    assert f["peak_flops"] > 1e9 and f["mem_bw"] > 1e9, f
+
+
 def test_line_fit_recovers_bandwidth_and_latency():
     sizes = [1024, 4096, 16384, 65536]
     bw, lat = cal.fit_link(sizes, [12.0 + b / 2000.0 for b in sizes])  # 12 us, 2000 B/us

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from tests.torch_models import make_cnn, make_rnn, make_transformer  # noqa: E402
+from travorder.datasets.torch_examples import make_cnn, make_rnn, make_transformer  # noqa: E402
 from travorder.errors import TravorderError  # noqa: E402
 from travorder.placement.capture import capture, capture_graph  # noqa: E402
 

@@ -44,7 +44,26 @@ def test_info_json(capsys, model):
 
 def test_info_table(capsys, model):
     code, out, _ = run(capsys, "info", model)
-    assert code == 0 and "nodes / edges" in out and "FLOP" in out
+    n = load_graph(model).n_nodes
+    assert code == 0 and "nodes / edges" in out and "FLOPs (forward)" in out
+    assert f"placed as a training step of {2 * n} nodes" in out
+    assert "None" not in out and "unknown / " in out  # no family in an ONNX file
+
+
+def test_info_of_a_training_graph_says_so(capsys, model, tmp_path):
+    path = tmp_path / "t.json.gz"
+    assert run(capsys, "convert", model, str(path), "--training")[0] == 0
+    code, out, _ = run(capsys, "info", str(path))
+    assert code == 0 and "training step (forward and backward ops)" in out
+    assert "FLOPs (forward and backward)" in out
+    code, out, _ = run(capsys, "info", str(path), "--json")
+    assert json.loads(out)["training_step_nodes"] == json.loads(out)["nodes"]
+
+
+def test_recommend_order_says_which_graph_it_counts(capsys, model):
+    code, out, _ = _recommend(capsys, model)
+    n = load_graph(model).n_nodes
+    assert code == 0 and f"({n} forward ops, placed as a {2 * n}-node training step)" in out
 
 
 def test_convert_round_trip(capsys, model, tmp_path):
@@ -249,3 +268,208 @@ def test_zoo_list(capsys):
     assert code == 0 and entries and {e["family"] for e in entries} == {"rnn"}
     code, _, err = run(capsys, "zoo", "list", "--family", "no_such_family")
     assert code == 2 and "no_such_family" in err and err.count("\n") == 1
+
+
+def _one_line_error(capsys, argv: list[str], message: str) -> None:
+    code, _out, err = run(capsys, *argv)
+    assert code == 2, argv
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err, (argv, err)
+
+
+def test_output_in_missing_folder_is_refused_before_any_work(capsys, model, tmp_path):
+    missing = tmp_path / "no" / "dir"
+    for argv in (["place", model, "-o", str(missing / "p.json")],
+                 ["convert", model, str(missing / "g.json.gz")],
+                 ["calibrate", "--devices", "cpu", "--out", str(missing / "c.toml")]):
+        _one_line_error(capsys, argv, "no such directory")
+    code, _out, err = _recommend(capsys, model, "--place", str(missing / "p.json"))
+    assert code == 2 and err.count("\n") == 1 and "no such directory" in err
+    assert not (tmp_path / "no").exists()
+
+
+def _recommend(capsys, *argv: str) -> tuple[int, str, str]:
+    from travorder.cli import recommend_main
+
+    code = recommend_main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_negative_seed_gets_one_line(capsys, model):
+    _one_line_error(capsys, ["orders", model, "--seed", "-1"], "non-negative")
+    _one_line_error(capsys, ["place", model, "--placer", "random", "--seed", "-1"],
+                    "non-negative")
+    code, _out, err = _recommend(capsys, model, "--verify", "2", "--seed", "-1")
+    assert code == 2 and "non-negative" in err and err.count("\n") == 1
+
+
+def test_train_out_naming_a_file_is_refused(capsys, tmp_path):
+    existing = tmp_path / "model"
+    existing.write_text("not a directory")
+    _one_line_error(capsys, ["train", "--out", str(existing)], "is a file")
+    assert existing.read_text() == "not a directory"
+
+
+def test_report_of_missing_store_writes_nothing(capsys, tmp_path):
+    out = tmp_path / "report"
+    _one_line_error(capsys, ["study", "report", "--store", str(tmp_path / "none.sqlite"),
+                             "--out", str(out)], "no such result store")
+    assert not out.exists()
+
+
+def test_zoo_build_needs_a_corpus_or_into_bundled(capsys, tmp_path):
+    _one_line_error(capsys, ["zoo", "build", "--name", "alexnet"], "--into-bundled")
+    _one_line_error(capsys, ["zoo", "build", "--name", "alexnet", "--corpus", str(tmp_path),
+                             "--into-bundled"], "--into-bundled")
+
+
+def test_zoo_build_reports_failures_and_goes_on(capsys, monkeypatch, tmp_path):
+    import functools
+
+    from travorder.datasets import zoo
+    from travorder.datasets.zoo import InputSpec, ZooModel
+
+    # A builder that fails as a missing torchvision model would; in this process.
+    fake = ZooModel("broken_net", "toy", "test", "fake", functools.partial(int, "x"),
+                    InputSpec("image"))
+    monkeypatch.setattr(zoo, "build_zoo", functools.partial(zoo.build_zoo, models=[fake],
+                                                            timeout_s=None))
+    code, out, err = run(capsys, "zoo", "build", "--corpus", str(tmp_path / "c"))
+    assert code == 0 and err == ""
+    assert "[1/1] broken_net: FAILED: build: ValueError: invalid literal" in out
+    assert "built 0 graphs; 1 models failed" in out
+    assert [r["name"] for r in zoo.read_failures(tmp_path / "c")] == ["broken_net"]
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory) -> dict[str, str]:
+    """Two small study datasets (CSV, 5 families): in ``learnable`` the best order
+    is a function of the features (bfs on parallel graphs, topo on the rest), in
+    ``fixed`` topo always wins, so no predictor can beat always-topo."""
+    import pandas as pd
+
+    from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
+    from travorder.featurize import graph_features
+    from travorder.graph import training_graph
+
+    rows = []
+    for fam in ("chain", "resnet", "inception", "rnn", "transformer"):
+        for seed in range(4):
+            g = training_graph(SYNTHETIC_FAMILIES[fam](seed=seed))
+            f = graph_features(g)
+            for cluster in ("k80x3", "v100x4-nvlink"):
+                rows.append({"graph": g.name, "graph_hash": g.graph_hash, "family": fam,
+                             "cluster": cluster,
+                             "placer": "greedy", **{f"f_{k}": v for k, v in f.items()},
+                             "wide": f["parallelism"] > 1.15})
+    frame = pd.DataFrame(rows)
+    out = tmp_path_factory.mktemp("data")
+    paths = {}
+    for name, topo, bfs in (("learnable", frame["wide"].map({True: 1.3, False: 1.0}),
+                             frame["wide"].map({True: 1.0, False: 1.4})),
+                            ("fixed", 1.0, 1.4)):
+        data = frame.drop(columns="wide").assign(time_topo=topo, time_bfs=bfs,
+                                                 time_dfs_preorder=2.0, ties="")
+        data["best_order"] = data[["time_topo", "time_bfs"]].idxmin(axis=1).str[5:]
+        paths[name] = str(out / f"{name}.csv")
+        data.to_csv(paths[name], index=False)
+    return paths
+
+
+@pytest.fixture
+def config_home(monkeypatch, tmp_path) -> Path:
+    """A user config directory of the test's own, and no TRAVORDER_MODEL."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv("TRAVORDER_MODEL", raising=False)
+    return tmp_path / "config" / "travorder" / "model"
+
+
+def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_path):
+    import pandas as pd
+
+    n = len(pd.read_csv(datasets["learnable"]).drop_duplicates(["graph_hash", "cluster"]))
+    out = tmp_path / "model"
+    code, text, err = run(capsys, "train", "--data", datasets["learnable"], "--out", str(out),
+                          "--kinds", "classifier", "--use-as-default")
+    assert code == 0 and f"trained a classifier on {n} rows" in text, err
+    # progress: every fold of every kind, then the final fit
+    assert [line for line in err.splitlines() if "fold" in line] == [
+        f"classifier: fold {i}/5 (holding out {fam})" for i, fam in
+        enumerate(["chain", "inception", "resnet", "rnn", "transformer"], 1)]
+    assert f"fitting the classifier on all {n} rows" in err and "warning" not in err
+    assert f"installed as the default model: {config_home}" in text
+
+    code, text, _ = run(capsys, "model", "show")
+    assert code == 0 and f"active model: {config_home} (user default)" in text
+    assert "kind: classifier" in text and f"n_rows: {n}" in text
+    code, text, _ = run(capsys, "model", "show", "--json")
+    assert json.loads(text)["manifest"]["kind"] == "classifier"
+
+    code, text, err = run(capsys, "evaluate", "--data", datasets["learnable"], "--kinds",
+                          "classifier", "--json")
+    result = json.loads(text)
+    methods = {r["method"]: r for r in result["table"]}
+    assert code == 0 and result["best_fixed"] in methods and "classifier: fold 5/5" in err
+    assert methods["classifier"]["mean_regret"] < methods[result["best_fixed"]]["mean_regret"]
+    code, text, _ = run(capsys, "evaluate", "--data", datasets["learnable"], "--kinds",
+                        "classifier")
+    assert code == 0 and "mean regret per held-out family" in text
+
+    code, text, _ = run(capsys, "model", "reset")
+    assert code == 0 and f"removed the user default model {config_home}" in text
+    assert "(bundled default)" in text and not config_home.exists()
+    code, text, _ = run(capsys, "model", "show")
+    assert "(bundled default)" in text
+    code, text, _ = run(capsys, "model", "reset")
+    assert code == 0 and "no user default model was installed" in text
+
+
+def test_train_will_not_install_a_model_that_loses_to_a_fixed_order(capsys, datasets,
+                                                                    config_home, tmp_path):
+    out = tmp_path / "model"
+    argv = ["train", "--data", datasets["fixed"], "--out", str(out), "--kinds", "classifier"]
+    code, _, err = run(capsys, *argv, "--use-as-default")
+    last = err.splitlines()[-1]
+    assert code == 2 and last.startswith("error: not installed as the default model: the "
+                                         "classifier does not beat always-topo"), err
+    assert "--force" in last and "Traceback" not in err
+    assert (out / "manifest.json").exists() and not config_home.exists()
+    code, _, err = run(capsys, *argv)  # not installing: a warning only
+    assert code == 0 and "warning: the classifier does not beat always-topo" in err
+    code, _, err = run(capsys, *argv, "--use-as-default", "--force")
+    assert code == 0 and "warning:" in err and (config_home / "manifest.json").exists()
+
+
+def test_calibrate_writes_a_cluster_file(capsys, tmp_path):
+    pytest.importorskip("torch")
+    from travorder.placement.clusters import load_cluster
+
+    path = tmp_path / "cpu.toml"
+    code, out, _ = run(capsys, "calibrate", "--devices", "cpu,cpu", "--quick", "--out",
+                       str(path))
+    assert code == 0 and f"wrote {path}: cluster 'calibrated-2xcpu', 2 devices" in out
+    assert "TFLOP/s" in out and load_cluster(path).n_devices == 2
+    _one_line_error(capsys, ["calibrate", "--devices", "tpu:0", "--quick", "--out",
+                             str(tmp_path / "x.toml")], "unknown device 'tpu:0'")
+
+
+def test_tables_are_not_cut_when_stdout_is_not_a_terminal(capsys):
+    from travorder.datasets.corpus import read_manifest
+
+    code, out, _ = run(capsys, "zoo", "list")
+    assert code == 0 and "…" not in out
+    for entry in read_manifest(None):
+        assert f" {entry['name']} " in out and f" {entry['source']} " in out
+
+
+def test_place_help_lists_placers_orders_and_defaults(capsys):
+    from travorder.placement.orders import ORDERS
+    from travorder.placement.placers import PLACERS
+
+    with pytest.raises(SystemExit) as info:
+        main(["place", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # unwrapped
+    assert info.value.code == 0
+    assert all(f" {p}," in out or f" {p} " in out for p in PLACERS), out
+    assert all(f" {o}" in out for o in ORDERS)
+    assert "(default: k80x3)" in out and "--seed SEED seed (a non-negative integer)" in out

@@ -125,3 +125,65 @@ def test_bad_files(tmp_path):
         {"sourceId": 5, "destId": 0, "cost": 1.0}))))
     with pytest.raises(FormatError, match=r"dangling.json: edge 3 \(5 -> 0\) has sourceId 5"):
         load_graph(tmp_path / "dangling.json")
+
+
+def _chain_training_doc(layout: str) -> dict:
+    """A three-op chain ``a -> b -> c`` and its backward ops, in one of the two training
+    layouts of the benchmark's files (see the importer's docstring)."""
+    names = ["a", "b", "c"]
+    nodes = [{"name": x, "id": k, "fpgaLatency": 1.0 + k, "size": 10.0 * (k + 1),
+              "isBackwardNode": 0, "colorClass": k} for k, x in enumerate(names)]
+    nodes += [{"name": f"{x}_grad", "id": 10 + k, "fpgaLatency": 2.0, "size": 5.0,
+               "isBackwardNode": 1, "colorClass": k} for k, x in enumerate(names)]
+    forward = [(0, 1), (1, 2)]
+    if layout == "mirrored":  # backward edges point forward; nothing joins the halves
+        edges = forward + [(10 + u, 10 + v) for u, v in forward]
+    else:
+        edges = forward + [(10 + v, 10 + u) for u, v in forward] + [(k, 10 + k)
+                                                                    for k in range(3)]
+    return {"nodes": nodes, "edges": [{"sourceId": u, "destId": v, "cost": 0.1}
+                                      for u, v in edges]}
+
+
+def _edges(g) -> set[tuple[str, str]]:
+    return {(str(g.names[u]), str(g.names[v])) for u, v in zip(g.src, g.dst, strict=True)}
+
+
+@pytest.mark.parametrize("layout", ["mirrored", "connected"])
+def test_both_training_layouts_import_as_the_training_step(layout, tmp_path):
+    from travorder.graph import training_graph
+
+    path = tmp_path / f"{layout}.json"
+    path.write_text(json.dumps(_chain_training_doc(layout)))
+    g = load_graph(path)
+    assert g.meta["dnn_partitioning_layout"] == layout
+    expected = training_graph(from_dnn_partitioning(
+        {"nodes": _chain_training_doc(layout)["nodes"][:3],
+         "edges": _chain_training_doc(layout)["edges"][:2]}))
+    assert _edges(g) == _edges(expected)
+    # every backward op runs after its forward op: one chain a b c c' b' a'
+    assert g.names[g.topo_order].tolist() == ["a", "b", "c", "c_grad", "b_grad", "a_grad"]
+    bytes_of = {(str(g.names[u]), str(g.names[v])): float(b)
+                for u, v, b in zip(g.src, g.dst, g.edge_bytes, strict=True)}
+    if layout == "mirrored":  # f -> f' carries the saved activations: f's output
+        assert [bytes_of[x, f"{x}_grad"] for x in "abc"] == [10.0, 20.0, 30.0]
+
+
+def test_a_forward_graph_keeps_its_layout_name():
+    d = _chain_training_doc("connected")
+    g = from_dnn_partitioning({"nodes": d["nodes"][:3], "edges": d["edges"][:2]})
+    assert g.meta["dnn_partitioning_layout"] == "forward"
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda d: d["nodes"][2].update(colorClass=1), "2 forward partners"),
+    (lambda d: d["nodes"][5].update(colorClass=-1), "0 forward partners"),
+    (lambda d: d["edges"].__setitem__(3, {"sourceId": 12, "destId": 11, "cost": 0}),
+     "do not mirror"),
+])
+def test_separate_halves_that_cannot_be_joined_are_refused(change, message):
+    d = _chain_training_doc("mirrored")
+    change(d)
+    with pytest.raises(FormatError, match=message) as info:
+        from_dnn_partitioning(d, source="halves.json")
+    assert "no edge joins the backward nodes" in str(info.value)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
-from tests.torch_models import MODELS, loss_for  # noqa: E402
+from travorder.datasets.torch_examples import MODELS, loss_for  # noqa: E402
 from travorder.errors import TravorderError  # noqa: E402
 from travorder.graph import training_graph  # noqa: E402
 from travorder.placement.capture import capture_graph  # noqa: E402
@@ -30,7 +30,7 @@ from travorder.placement.launch import (  # noqa: E402
     to_device,
 )
 from travorder.placement.placement_file import save_placement  # noqa: E402
-from travorder.placement.placers import place  # noqa: E402
+from travorder.placement.placers import place_graph  # noqa: E402
 
 CPUS = ["cpu", "cpu", "cpu"]
 
@@ -146,7 +146,7 @@ def test_placement_forms(tmp_path):
     model, x, _ = MODELS["cnn"]()
     g = capture_graph(model, x)
     tg = training_graph(g)
-    result = place(tg, "k80x3", placer="greedy", order="topo")
+    result = place_graph(tg, "k80x3", placer="greedy", order="topo")
     expect = result.placement[:g.n_nodes]
     assert placement_slots(g, result, 3).tolist() == expect.tolist()
     assert placement_slots(g, result.placement.tolist(), 3).tolist() == expect.tolist()
@@ -157,7 +157,7 @@ def test_placement_forms(tmp_path):
     placed = apply(model, x, path, CPUS)
     assert list(placed.op_devices.values()) == expect.tolist()
 
-    fwd = place(g, "k80x3", placer="round_robin", order="bfs")
+    fwd = place_graph(g, "k80x3", placer="round_robin", order="bfs")
     save_placement(fwd, g, load_cluster("k80x3"), path)
     assert placement_slots(g, path, 3).tolist() == fwd.placement.tolist()
 
@@ -168,7 +168,7 @@ def test_bad_placements(tmp_path):
     other_model, other_x, _ = MODELS["rnn"](scale=2)
     other = capture_graph(other_model, other_x)
     path = tmp_path / "other.json"
-    save_placement(place(other, "k80x3", placer="single"), other, load_cluster("k80x3"), path)
+    save_placement(place_graph(other, "k80x3", placer="single"), other, load_cluster("k80x3"), path)
     with pytest.raises(TravorderError, match=f"placement is for graph {other.graph_hash[:12]}"
                                              f", not {g.graph_hash[:12]}"):
         apply(model, x, path, CPUS)
@@ -185,6 +185,20 @@ def test_bad_placements(tmp_path):
         apply(model, x, [0.5] * 11, CPUS)
     with pytest.raises(TravorderError, match="no devices given"):
         apply(model, x, [0] * 11, [])
+
+
+def test_placement_needs_as_many_devices_as_its_cluster(tmp_path):
+    model, x, _ = MODELS["rnn"]()
+    g = capture_graph(model, x)
+    on_first = place_graph(g, "k80x3", placer="single")  # uses device 0 of 3 only
+    path = tmp_path / "single.json"
+    save_placement(on_first, g, load_cluster("k80x3"), path)
+    for placement in (on_first, path):
+        for devices in (["cpu"], ["cpu"] * 4):
+            with pytest.raises(TravorderError, match=f"cluster of 3 devices, but "
+                                                     f"{len(devices)} were given"):
+                apply(model, x, placement, devices)
+    assert placement_slots(g, on_first, 3).tolist() == [0] * g.n_nodes
 
 
 def test_bad_devices():

@@ -15,7 +15,7 @@ from travorder.graph import OpGraph, training_graph
 from travorder.placement.clusters import Cluster, Device, load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placement_file import load_placement, save_placement
-from travorder.placement.placers import PLACERS, PlacementResult, place, register_placer
+from travorder.placement.placers import PLACERS, PlacementResult, place_graph, register_placer
 from travorder.placement.placers.baechi import favourite_children
 from travorder.placement.placers.heuristics import greedy
 from travorder.placement.placers.schedule import DeviceBook
@@ -42,7 +42,7 @@ FORK = OpGraph(["r", "b", "a"], [0, 0], [1, 2], time_us=[10.0] * 3,
 
 
 def test_greedy_puts_independent_chains_apart() -> None:
-    r = place(CHAINS, cluster(), placer="greedy", order="topo")
+    r = place_graph(CHAINS, cluster(), placer="greedy", order="topo")
     assert r.placement.tolist() == [0, 0, 0, 1, 1, 1]
     assert (r.step_time_us, r.lower_bound_us, r.efficiency) == (30.0, 30.0, 1.0)
     assert r.feasible and r.placer == "greedy" and r.order == "topo"
@@ -52,12 +52,12 @@ def test_greedy_depends_on_the_order() -> None:
     # reversed_topo visits a3, a2, a1, b3, b2, b1: no placed inputs, so each op goes
     # where it finishes first and the chains alternate between the devices
     assert traversal_order(CHAINS, "reversed_topo").tolist() == [2, 1, 0, 5, 4, 3]
-    r = place(CHAINS, cluster(), placer="greedy", order="reversed_topo")
+    r = place_graph(CHAINS, cluster(), placer="greedy", order="reversed_topo")
     assert r.placement.tolist() == [0, 1, 0, 1, 0, 1]
     # a2 waits for a1's 6 us transfer, a3 for a2's: 10 + 6 + 10 + 6 + 10
     assert r.step_time_us == 42.0
     # topo_lifo visits chain b first, so b takes device 0
-    assert place(CHAINS, cluster(), "greedy", "topo_lifo").placement.tolist() == [
+    assert place_graph(CHAINS, cluster(), "greedy", "topo_lifo").placement.tolist() == [
         1, 1, 1, 0, 0, 0]
 
 
@@ -65,47 +65,47 @@ def test_greedy_weighs_transfers() -> None:
     # slow link: the second branch waits on device 0 rather than cross it
     g = OpGraph(["r", "x", "y"], [0, 0], [1, 2], time_us=[10.0] * 3,
                 edge_bytes=[20_000.0] * 2)
-    assert place(g, cluster(), "greedy").placement.tolist() == [0, 0, 0]
-    assert place(g, cluster(bandwidth=1e9, latency=0.0), "greedy").placement.tolist() == [
+    assert place_graph(g, cluster(), "greedy").placement.tolist() == [0, 0, 0]
+    assert place_graph(g, cluster(bandwidth=1e9, latency=0.0), "greedy").placement.tolist() == [
         0, 0, 1]
 
 
 def test_contiguous_splits_compute_evenly() -> None:
     chain = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[3.0, 1.0, 1.0, 3.0])
-    assert place(chain, cluster(), "contiguous").placement.tolist() == [0, 0, 1, 1]
+    assert place_graph(chain, cluster(), "contiguous").placement.tolist() == [0, 0, 1, 1]
     heavy_tail = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[1.0, 1.0, 1.0, 5.0])
-    assert place(heavy_tail, cluster(), "contiguous").placement.tolist() == [0, 0, 0, 1]
+    assert place_graph(heavy_tail, cluster(), "contiguous").placement.tolist() == [0, 0, 0, 1]
     # along the order given: reversed, the heavy node comes first
-    assert place(heavy_tail, cluster(), "contiguous", "reversed_topo").placement.tolist() == [
+    assert place_graph(heavy_tail, cluster(), "contiguous", "reversed_topo").placement.tolist() == [
         1, 1, 1, 0]
 
 
 def test_simple_placers() -> None:
     c = cluster(3)
     g = OpGraph(list("abcde"), [], [], time_us=[1.0] * 5)
-    assert place(g, c, "single").placement.tolist() == [0] * 5
-    assert place(g, c, "round_robin").placement.tolist() == [0, 1, 2, 0, 1]
-    assert place(g, c, "round_robin", "topo_lifo").placement.tolist() == [1, 0, 2, 1, 0]
-    r1, r2 = place(g, c, "random", seed=1), place(g, c, "random", seed=1)
+    assert place_graph(g, c, "single").placement.tolist() == [0] * 5
+    assert place_graph(g, c, "round_robin").placement.tolist() == [0, 1, 2, 0, 1]
+    assert place_graph(g, c, "round_robin", "topo_lifo").placement.tolist() == [1, 0, 2, 1, 0]
+    r1, r2 = place_graph(g, c, "random", seed=1), place_graph(g, c, "random", seed=1)
     assert r1.placement.tolist() == r2.placement.tolist()
-    assert {tuple(place(g, c, "random", seed=s).placement) for s in range(5)} != {
+    assert {tuple(place_graph(g, c, "random", seed=s).placement) for s in range(5)} != {
         tuple(r1.placement)}
     # single picks the fastest device of a heterogeneous cluster (FLOP-costed graph)
     flops = OpGraph(["a", "b"], [0], [1], flops=[1e9, 1e9])
     fast = cluster(3, flops=(1e12, 4e12, 2e12))
-    assert place(flops, fast, "single").placement.tolist() == [1, 1]
+    assert place_graph(flops, fast, "single").placement.tolist() == [1, 1]
 
 
 def test_m_etf_starts_each_op_as_early_as_it_can() -> None:
     # at 10 us both children are ready; b (first in topo order) takes device 0 at 10,
     # a would start at 20 there but at 18 on device 1 (5 us latency + 3 us)
-    r = place(FORK, cluster(), "m_etf")
+    r = place_graph(FORK, cluster(), "m_etf")
     assert r.placement.tolist() == [0, 0, 1]
     assert r.step_time_us == 28.0
     # with a costly transfer, the idle device is not worth it
     slow = OpGraph(["r", "b", "a"], [0, 0], [1, 2], time_us=[10.0] * 3,
                    edge_bytes=[0.0, 30_000.0])
-    assert place(slow, cluster(), "m_etf").placement.tolist() == [0, 0, 0]
+    assert place_graph(slow, cluster(), "m_etf").placement.tolist() == [0, 0, 0]
 
 
 def test_favourite_children_lp() -> None:
@@ -122,7 +122,7 @@ def test_favourite_children_lp() -> None:
 
 def test_m_sct_keeps_the_favourite_child_with_its_parent() -> None:
     # device 0 waits for a (r's favourite) instead of running b; b goes to device 1
-    r = place(FORK, cluster(), "m_sct")
+    r = place_graph(FORK, cluster(), "m_sct")
     assert r.placement.tolist() == [0, 1, 0]
     assert r.step_time_us == 25.0
 
@@ -131,16 +131,16 @@ def test_m_topo_fills_devices_by_memory_share() -> None:
     # 4 ops of 100 B output, no parameters: share = 400 / 2 + 100 = 300 B per device
     g = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[1.0] * 4,
                 output_bytes=[100.0] * 4)
-    assert place(g, cluster(), "m_topo").placement.tolist() == [0, 0, 0, 1]
+    assert place_graph(g, cluster(), "m_topo").placement.tolist() == [0, 0, 0, 1]
 
 
 def test_colocation_groups_stay_together() -> None:
     t = training_graph(CHAINS)
     for name in PLACERS:
-        p = place(t, cluster(), name, "topo").placement
+        p = place_graph(t, cluster(), name, "topo").placement
         fwd, bwd = p[:6], p[6:]
         assert fwd.tolist() == bwd.tolist(), name
-    free = place(t, cluster(3), "round_robin", colocate=False).placement
+    free = place_graph(t, cluster(3), "round_robin", colocate=False).placement
     assert free[:6].tolist() != free[6:].tolist()
 
 
@@ -151,7 +151,7 @@ TIGHT = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[10.0] * 4,
 
 @pytest.mark.parametrize("name", sorted(set(PLACERS) - {"single"}))
 def test_placers_respect_memory(name: str) -> None:
-    r = place(TIGHT, cluster(memory=250.0), name)
+    r = place_graph(TIGHT, cluster(memory=250.0), name)
     assert r.feasible, r.placement
     assert np.all(r.peak_memory <= 250.0)
     if name != "rl":  # the list placers fill a device before opening the next
@@ -160,12 +160,12 @@ def test_placers_respect_memory(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(PLACERS))
 def test_infeasible_is_reported(name: str) -> None:
-    r = place(TIGHT, cluster(memory=50.0), name)
+    r = place_graph(TIGHT, cluster(memory=50.0), name)
     assert not r.feasible
     assert r.peak_memory.max() > 50.0
     if name == "single":  # two live tensors at a time: 200 B
-        assert place(TIGHT, cluster(memory=200.0), name).feasible
-        assert not place(TIGHT, cluster(memory=199.0), name).feasible
+        assert place_graph(TIGHT, cluster(memory=200.0), name).feasible
+        assert not place_graph(TIGHT, cluster(memory=199.0), name).feasible
 
 
 @settings(max_examples=50, deadline=None)
@@ -184,21 +184,22 @@ def test_memory_estimate_bounds_the_simulated_peak(case: tuple, seed: int) -> No
 def test_every_placer_gives_a_valid_deterministic_placement(g: OpGraph, order: str) -> None:
     c = load_cluster("k80x3")
     for name in PLACERS:
-        r = place(g, c, name, order, seed=4)
+        r = place_graph(g, c, name, order, seed=4)
         assert r.placement.dtype == np.int64 and r.placement.shape == (g.n_nodes,)
         assert r.placement.min(initial=0) >= 0 and r.placement.max(initial=0) < 3
         assert r.step_time_us >= r.lower_bound_us * (1 - 1e-12)
-        assert r.placement.tolist() == place(g, c, name, order, seed=4).placement.tolist()
+        assert r.placement.tolist() == place_graph(g, c, name, order, seed=4).placement.tolist()
 
 
 def test_result_to_dict_is_json_ready() -> None:
-    r = place(CHAINS, cluster(), "greedy")
+    r = place_graph(CHAINS, cluster(), "greedy")
     d = r.to_dict()
     assert json.loads(json.dumps(d))["placement"] == [0, 0, 0, 1, 1, 1]
     assert set(d) == {"placement", "step_time_us", "lower_bound_us", "efficiency",
                       "feasible", "peak_memory", "placer", "order", "seed", "wall_s",
                       "learning_curve", "graph_hash", "single_device_us",
-                      "single_device_feasible", "speedup", "fallback", "placer_step_time_us"}
+                      "single_device_feasible", "speedup", "fallback", "placer_step_time_us",
+                      "recommendation"}
     assert d["wall_s"] >= 0 and d["learning_curve"] is None
     assert d["graph_hash"] == CHAINS.graph_hash
 
@@ -210,7 +211,7 @@ def test_registered_placer_with_learning_curve() -> None:
 
     register_placer("toy_test", toy)
     try:
-        r = place(CHAINS, cluster(), "toy_test")
+        r = place_graph(CHAINS, cluster(), "toy_test")
         assert r.learning_curve == [3.0, 2.0] and r.step_time_us == 60.0
     finally:
         del PLACERS["toy_test"]
@@ -219,23 +220,23 @@ def test_registered_placer_with_learning_curve() -> None:
 def test_bad_input() -> None:
     with pytest.raises(TravorderError, match=r"unknown placer 'best'; valid placers: "
                                              r"contiguous, greedy, m_etf"):
-        place(CHAINS, cluster(), "best")
+        place_graph(CHAINS, cluster(), "best")
     with pytest.raises(TravorderError, match=r"unknown order 'deep'"):
-        place(CHAINS, cluster(), "greedy", "deep")
+        place_graph(CHAINS, cluster(), "greedy", "deep")
     with pytest.raises(TravorderError, match=r"placer 'greedy' has no option 'steps' "
                                              r"\(options: colocate\)"):
-        place(CHAINS, cluster(), "greedy", steps=3)
+        place_graph(CHAINS, cluster(), "greedy", steps=3)
     with pytest.raises(TravorderError, match=r"placer 'single' has no option 'colocate' "
                                              r"\(options: none\)"):
-        place(CHAINS, cluster(), "single", colocate=True)
+        place_graph(CHAINS, cluster(), "single", colocate=True)
     with pytest.raises(TravorderError, match="unknown cluster"):
-        place(CHAINS, "k80x99", "greedy")
+        place_graph(CHAINS, "k80x99", "greedy")
 
 
 def test_greedy_on_an_empty_graph() -> None:
     g = OpGraph([], [], [])
     assert greedy(g, cluster(), np.array([], dtype=np.int64), 0).tolist() == []
-    r = place(g, cluster(), "m_sct")
+    r = place_graph(g, cluster(), "m_sct")
     assert r.placement.tolist() == [] and r.step_time_us == 0.0
 
 
@@ -244,7 +245,7 @@ def test_greedy_on_an_empty_graph() -> None:
 
 def saved(tmp_path, g: OpGraph = CHAINS, c: Cluster | None = None) -> tuple:
     c = c or cluster()
-    r = place(g, c, "greedy")
+    r = place_graph(g, c, "greedy")
     path = tmp_path / "p.json"
     save_placement(r, g, c, path)
     return r, path
@@ -314,13 +315,13 @@ def test_placement_file_errors(tmp_path) -> None:
 
 
 def test_save_rejects_a_placement_of_another_graph(tmp_path) -> None:
-    r = place(CHAINS, cluster(), "greedy")
+    r = place_graph(CHAINS, cluster(), "greedy")
     with pytest.raises(TravorderError, match="the placement has 6 entries, graph 'fork' has 3"):
         save_placement(r, FORK, cluster(), tmp_path / "p.json")
 
 
 def test_placement_result_is_frozen() -> None:
-    r = place(FORK, cluster(), "single")
+    r = place_graph(FORK, cluster(), "single")
     assert isinstance(r, PlacementResult)
     with pytest.raises(AttributeError):
         r.step_time_us = 1.0  # type: ignore[misc]

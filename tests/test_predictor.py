@@ -134,7 +134,7 @@ def test_recommendation_is_a_distribution_over_orders(model_dir, onnx_model):
 
 def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_model):
     from travorder.graph.onnx_import import read_onnx
-    from travorder.placement.placers import place as place_graph
+    from travorder.placement.placers import place_graph
 
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=3)
     study_graph = training_graph(read_onnx(onnx_model))  # the fixture's model: no coarsening
@@ -254,3 +254,28 @@ def test_scores_one_row_given_by_feature_name(frame):
     del row[data.X.columns[0]]
     with pytest.raises(TravorderError, match="features missing"):
         p.scores(row)
+
+
+def test_refit_on_a_plain_array_forgets_the_old_feature_names(frame, tmp_path):
+    data = design_matrix(frame)
+    p = OrderPredictor("classifier", n_estimators=5, min_child_samples=2).fit(data.X, data.times)
+    p.fit(data.X.to_numpy()[:, :5], data.times)
+    assert not hasattr(p, "feature_names_in_") and p.n_features_in_ == 5
+    p.save(tmp_path)
+    q, manifest = OrderPredictor.load(tmp_path)
+    assert manifest["feature_names"] == [f"x{i}" for i in range(5)]
+    np.testing.assert_array_equal(q.predict(data.X.to_numpy()[:, :5]),
+                                  p.predict(data.X.to_numpy()[:, :5]))
+
+
+def test_place_auto_says_how_the_order_was_chosen(model_dir, onnx_model):
+    plain = place(onnx_model, "k80x3", predictor=model_dir)
+    assert plain.recommendation.order == plain.order
+    assert plain.recommendation.probability == max(plain.recommendation.probabilities.values())
+    assert plain.recommendation.verified is None
+    checked = place(onnx_model, "k80x3", predictor=model_dir, verify=2)
+    rec = checked.recommendation
+    assert checked.order == rec.order and len(rec.verified) == 2
+    assert rec.verified[checked.order] == min(rec.verified.values())
+    assert checked.to_dict()["recommendation"]["verified"] == rec.verified
+    assert place(onnx_model, "k80x3", order="topo").recommendation is None

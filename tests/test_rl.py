@@ -19,7 +19,7 @@ from travorder.errors import TravorderError
 from travorder.graph import OpGraph, training_graph
 from travorder.placement.clusters import Cluster, Device, load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.placers import PLACERS, place
+from travorder.placement.placers import PLACERS, place_graph
 from travorder.placement.rl import rl_place
 from travorder.placement.rl.env import PlacementEnv, worst_case_memory
 from travorder.placement.rl.policy import (
@@ -341,11 +341,11 @@ def test_the_sage_encoder_and_penalty_mode_run() -> None:
 
 def test_rl_is_a_placer(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(PLACERS, "rl", rl_place)
-    r = place(CHAINS, cluster(2), placer="rl", order="dfs_preorder", episodes=10)
+    r = place_graph(CHAINS, cluster(2), placer="rl", order="dfs_preorder", episodes=10)
     assert r.placer == "rl" and len(r.learning_curve) == 10
     assert r.step_time_us == Simulator(CHAINS, cluster(2)).step_time(r.placement)
     with pytest.raises(TravorderError, match="has no option 'epochs'"):
-        place(CHAINS, cluster(2), placer="rl", epochs=3)
+        place_graph(CHAINS, cluster(2), placer="rl", epochs=3)
 
 
 def test_config_presets_and_options() -> None:
@@ -387,11 +387,34 @@ def test_importing_the_rl_package_does_not_import_torch() -> None:
     assert out.split() == ["False", "False"]
 
 
-@pytest.mark.slow
-def test_learning_shows_within_fifty_episodes() -> None:
+def _learning_ratios(lr: float, seeds: range) -> list[float]:
+    """Per seed, the mean step time of the last 8 sampled episodes over the first 8's, in
+    50-episode runs on a 3-cell ENAS CNN on the study's K80s."""
     from travorder.datasets.synthetic import enas_cnn
 
     g = training_graph(enas_cnn(seed=0, n_cells=3))
-    run = train(g, load_cluster("k80x3"), traversal_order(g, "topo"), seed=0)
-    sampled = np.array(run.curve)[~np.array(run.greedy)]
-    assert sampled[-8:].mean() < 0.8 * sampled[:8].mean()
+    ratios = []
+    for seed in seeds:
+        run = train(g, load_cluster("k80x3"), traversal_order(g, "topo"), seed=seed,
+                    config=RLConfig(lr=lr))
+        sampled = np.array(run.curve)[~np.array(run.greedy)]
+        ratios.append(float(sampled[-8:].mean() / sampled[:8].mean()))
+    return ratios
+
+
+def _learns(ratios: list[float]) -> bool:
+    """The learning criterion: the sampled step time falls by a fifth on at least 4 of 5
+    seeds (one seed may stay stuck: seed 3 does)."""
+    return sum(r < 0.8 for r in ratios) >= len(ratios) - 1
+
+
+@pytest.mark.slow
+def test_learning_shows_within_fifty_episodes() -> None:
+    seeds = range(5)
+    trained = _learning_ratios(1e-3, seeds)
+    assert _learns(trained), trained
+    # The control: the same runs with a frozen policy (Adam with lr 1e-12). Starting each
+    # episode from the best placement so far is not learning; it must fail the criterion.
+    frozen = _learning_ratios(1e-12, seeds)
+    assert not _learns(frozen), frozen
+    assert min(frozen) > max(sorted(trained)[:-1]), (trained, frozen)

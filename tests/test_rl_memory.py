@@ -11,7 +11,7 @@ from travorder.datasets import synthetic
 from travorder.graph import OpGraph, training_graph
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.placers import place
+from travorder.placement.placers import place_graph
 from travorder.placement.rl.env import PlacementEnv, feasible_starts
 from travorder.placement.rl.trainer import RLConfig, train
 from travorder.placement.simulator import Simulator
@@ -29,7 +29,7 @@ def squeezed(graph: OpGraph, fraction: float, preset: str = "k80x3") -> Cluster:
 
 def test_single_device_does_not_fit_at_half_the_peak() -> None:
     c = squeezed(GRAPH, 0.5)
-    assert not place(GRAPH, c, "single").feasible
+    assert not place_graph(GRAPH, c, "single").feasible
     assert any(Simulator(GRAPH, c).run(p).feasible for p in feasible_starts(GRAPH, c))
 
 

@@ -19,7 +19,7 @@ from travorder.errors import GraphError, TravorderError
 from travorder.graph import OpGraph, training_graph
 from travorder.graph.batch import scale_batch
 from travorder.graph.pipeline import expand_order, micro_batch_graph, pipeline_graph
-from travorder.placement import Simulator, load_cluster, place, traversal_order
+from travorder.placement import Simulator, load_cluster, place_graph, traversal_order
 from travorder.placement.placers.heuristics import single
 from travorder.study import run_study
 from travorder.study.export import dataset_frame
@@ -75,7 +75,7 @@ def test_copies_share_costs_params_and_devices(g, m):
     assert base.names.tolist() == t.names.tolist()
     assert np.array_equal(base.src, t.src) and np.array_equal(base.dst, t.dst)
     for placer in ("greedy", "random", "contiguous"):
-        r = place(p, K80, placer, "topo_lifo", seed=1)
+        r = place_graph(p, K80, placer, "topo_lifo", seed=1)
         per_op = r.placement.reshape(m, n)
         assert (per_op == per_op[0]).all()  # every copy of an op on one device
 
@@ -155,9 +155,9 @@ def _loses_to_one_device() -> OpGraph:
 
 def test_place_returns_the_floor_when_one_device_is_faster(tmp_path):
     g = _loses_to_one_device()
-    own = place(g, K80, "round_robin", "topo")
+    own = place_graph(g, K80, "round_robin", "topo")
     assert own.speedup < 1 and not own.fallback
-    r = place(g, K80, "round_robin", "topo", floor=True)
+    r = place_graph(g, K80, "round_robin", "topo", floor=True)
     assert r.fallback and r.placement.tolist() == [0, 0, 0, 0]
     assert r.step_time_us == r.single_device_us == own.single_device_us
     assert r.placer_step_time_us == own.step_time_us > r.step_time_us

@@ -133,8 +133,8 @@ def test_run_job_is_the_placement_of_the_prepared_graph():
     job = make_job(g, c, "bfs", "greedy", {}, seed=0, training=True)
     prepared = prepare_graph(g, True)
     out = run_job(job, prepared, c)
-    from travorder.placement import place
-    direct = place(prepared, c, "greedy", "bfs", 0)
+    from travorder.placement import place_graph
+    direct = place_graph(prepared, c, "greedy", "bfs", 0)
     assert out["placement"] == direct.placement.tolist()
     assert out["step_time_us"] == direct.step_time_us
     assert out["study_hash"] == prepared.graph_hash and out["study_nodes"] == 2 * g.n_nodes
@@ -171,9 +171,9 @@ def test_study_runs_resumes_and_adds_only_new_jobs(tmp_path):
                              "'topo' AND seed = 0 ORDER BY graph_name LIMIT 1").fetchone()
     con.close()
     g = prepare_graph(spec().select_graphs()[0], True, 40)
-    from travorder.placement import place
+    from travorder.placement import place_graph
     assert name == g.name
-    assert decode_placement(blob).tolist() == place(g, "k80x3").placement.tolist()
+    assert decode_placement(blob).tolist() == place_graph(g, "k80x3").placement.tolist()
 
 
 def _explode(graph, cluster, order, seed):
@@ -214,6 +214,21 @@ def test_runner_argument_errors(tmp_path):
     (tmp_path / "junk.sqlite").write_text("not a database, not at all" * 100)
     with pytest.raises(FormatError, match="not a travorder result store"):
         ResultStore(tmp_path / "junk.sqlite")
+
+
+def test_a_bad_placer_option_writes_nothing(tmp_path):
+    bad = spec(placer={"name": "rl", "options": {"episodes": -3}})
+    store = tmp_path / "s.sqlite"
+    with pytest.raises(TravorderError, match="episodes must be at least 1"):
+        run_study(bad, store, progress=False)
+    assert not store.exists()
+    run_study(spec(), store, progress=False)
+    with ResultStore(store) as st:
+        before = st.status()
+    with pytest.raises(TravorderError, match="episodes must be at least 1"):
+        run_study(bad, store, progress=False)
+    with ResultStore(store) as st:
+        assert st.status() == before and len(before["studies"]) == 1
 
 
 @pytest.mark.slow
@@ -295,6 +310,73 @@ def test_sigkill_mid_study_loses_nothing_and_resumes(tmp_path):
     subprocess.run([sys.executable, "-c", _RUNNER, str(clean)], check=True,
                    capture_output=True)
     assert outcomes(clean) == resumed
+
+
+_LONG_SPEC = """
+name = "long"
+orders = "all"
+seeds = [0, 1, 2]
+clusters = ["k80x3", "v100x4-nvlink"]
+
+[placer]
+name = "greedy"
+
+[[graphs.synthetic]]
+family = "resnet"
+seeds = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+"""
+
+
+def _children(pid: int) -> list[int]:
+    """The PIDs whose parent is ``pid`` (Linux /proc)."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1]
+                                        .split()[1]) == pid:
+                kids.append(int(d.name))
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie waiting to be reaped does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_sigkill_of_the_runner_takes_its_workers_along(tmp_path):
+    spec_path, store = tmp_path / "long.toml", tmp_path / "long.sqlite"
+    spec_path.write_text(_LONG_SPEC)
+    proc = subprocess.Popen([sys.executable, "-m", "travorder.cli", "study", "run",
+                             str(spec_path), "--store", str(store), "--jobs", "2",
+                             "--no-progress"], stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        done: dict[str, tuple] = {}
+        while len(done) < 4 and time.monotonic() < deadline:  # the workers are busy
+            time.sleep(0.3)
+            with contextlib.suppress(sqlite3.OperationalError):
+                done = outcomes(store) if store.exists() else {}
+        kids = _children(proc.pid)
+        workers = [k for k in kids
+                   if "loky" in Path(f"/proc/{k}/cmdline").read_text()]
+        assert len(done) >= 4 and len(workers) >= 2, (len(done), kids)
+        assert proc.poll() is None, "the study finished before the kill"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(k) for k in kids):
+        time.sleep(0.2)
+    left = [k for k in kids if _alive(k)]
+    for k in left:  # do not leave them behind when the test fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
+    assert not left, f"{len(left)} of {len(kids)} child processes outlived the runner"
 
 
 # ---------------------------------------------------------------------------- export
@@ -418,6 +500,44 @@ def test_report_draws_rl_learning_curves(tmp_path):
                 "learning_curve": list(np.linspace(20, 10, 3))})
     files = write_report(store, tmp_path / "r")
     assert "curves_k80x3.png" in {p.name for p in files}
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "is a greedy evaluation" in page and "saw-tooth" in page
+
+
+def test_report_figures_are_readable(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from travorder.study import report
+
+    _hand_store(tmp_path / "h.sqlite")
+    row = dataset_frame(tmp_path / "h.sqlite")
+    # 20 families: a tall heatmap; ratios from 1 to 6 on the log axis
+    data = row.loc[row.index.repeat(20)].reset_index(drop=True)
+    data["family"] = [f"family_{i:02d}" for i in range(20)]
+    data["time_alpha"] = np.linspace(100, 570, 20)
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)  # keep the figures to inspect
+    report._heatmaps(data, tmp_path / "w.png", "a title")
+    report._ratio_plot(data, tmp_path / "r.png", "a title")
+    monkeypatch.undo()
+    heat, ratio = figures
+    renderer = heat.canvas.get_renderer()
+    title_bottom = heat._suptitle.get_window_extent(renderer).y0
+    assert all(ax.get_tightbbox(renderer).y1 <= title_bottom + 1 for ax in heat.axes)
+    orders = report.dataset_orders(data)
+    for ax in [a for a in heat.axes if a.images]:  # the two heatmaps
+        (top,) = ax.child_axes  # the order names repeated above the tall map
+        assert [t.get_text() for t in top.get_xticklabels()] == orders
+    ratio.canvas.draw()
+    labels = [t.get_text() for t in (*ratio.axes[0].get_yticklabels(),
+                                     *ratio.axes[0].get_yticklabels(minor=True))]
+    assert "2" in labels and "5" in labels
+    assert not any("10^" in x or "times" in x for x in labels), labels
+    for fig in figures:
+        plt.close(fig)
 
 
 def test_report_includes_the_predictor_evaluation(tmp_path, capsys):

@@ -17,7 +17,7 @@ from travorder.placement import (
     Transfer,
     critical_path,
     load_cluster,
-    place,
+    place_graph,
     plot_gantt,
     simulate_timeline,
     trace_events,
@@ -92,7 +92,7 @@ def test_critical_path_through_a_busy_device_and_a_busy_bus():
 def test_critical_path_is_contiguous_in_time():
     g = training_graph(load_graph_small())
     c = load_cluster("k80x3")
-    r = place(g, c, placer="greedy", order="bfs", seed=0)
+    r = place_graph(g, c, placer="greedy", order="bfs", seed=0)
     tl = simulate_timeline(g, r.placement, c)
     path = critical_path(tl)
     assert path[-1] == int(np.argmax(tl.result.finish_us))

@@ -136,7 +136,7 @@ def _verify(graph: OpGraph, cluster: Cluster, names: list[str], shortlist: np.nd
             ranked: np.ndarray, placer: str, seed: int) -> tuple[np.ndarray, dict[str, float]]:
     """Place ``graph`` with the ``shortlist`` orders; return the ranking with the checked
     orders first, fastest (feasible) first, and each checked order's step time."""
-    from travorder.placement.placers import place as place_graph
+    from travorder.placement.placers import place_graph
 
     results = {int(j): place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
                for j in shortlist}
@@ -150,19 +150,26 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
           training: bool = True, predictor: str | None = None, verify: int = 0,
           **options: Any) -> PlacementResult:
     """Place ``model`` on ``cluster``; ``order="auto"`` uses the recommended order (checked
-    by placement over a shortlist of ``verify`` orders, see `recommend_order`).
+    by placement over a shortlist of ``verify`` orders, see `recommend_order`), and the
+    result's ``recommendation`` says which order won, with what probability, and the step
+    time of each order checked.
 
     The graph is expanded to a training-step graph unless ``training=False``; ``options``
     go to the placer (e.g. ``episodes=`` for ``rl``). A placement slower than putting
     everything on one device (or over memory where one device fits) is never returned:
     the single-device placement comes back instead, with ``result.fallback`` set.
     """
-    from travorder.placement.placers import place as place_graph
+    from dataclasses import replace
+
+    from travorder.placement.placers import place_graph
 
     g = as_graph(model, example_inputs)
     c = load_cluster(cluster)
+    rec = None
     if order == "auto":
-        order = recommend_order(g, c, predictor=predictor, verify=verify, placer=placer,
-                                seed=seed).order
-    return place_graph(training_graph(g) if training else g, c, placer=placer, order=order,
-                       seed=seed, floor=True, **options)
+        rec = recommend_order(g, c, predictor=predictor, verify=verify, placer=placer,
+                              seed=seed)
+        order = rec.order
+    result = place_graph(training_graph(g) if training else g, c, placer=placer, order=order,
+                         seed=seed, floor=True, **options)
+    return result if rec is None else replace(result, recommendation=rec)

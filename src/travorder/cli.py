@@ -33,6 +33,18 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"cannot serialise {type(obj).__name__}")
 
 
+def _check_out(path: str | None) -> None:
+    """Refuse, before any work, an output file whose folder does not exist (a typo in a
+    path should not create folders) or that names a folder."""
+    if path is None:
+        return
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
+    if out.is_dir():
+        raise TravorderError(f"{path!r} is a directory, not a file")
+
+
 def _write_json(path: str, doc: Any) -> None:
     """Write JSON atomically, so an error never leaves a half-written file."""
     import os
@@ -61,6 +73,8 @@ def _load(path: str, *, training: bool = False) -> Any:
 def cmd_info(args: argparse.Namespace) -> None:
     import numpy as np
 
+    from travorder.graph import training_graph
+
     g = _load(args.model)
     info = {
         "name": g.name,
@@ -73,6 +87,8 @@ def cmd_info(args: argparse.Namespace) -> None:
         "activation_bytes": float(g.output_bytes.sum()),
         "measured_ops": int((~np.isnan(g.time_us)).sum()),
         "backward_ops": int(g.is_backward.sum()),
+        # what the placers and recommend-order work on: the training step
+        "training_step_nodes": training_graph(g).n_nodes,
         "unknown_shape_ops": list(g.meta.get("unknown_shape_ops") or []),
     }
     if args.features:
@@ -83,15 +99,19 @@ def cmd_info(args: argparse.Namespace) -> None:
     if args.json:
         _print_json(info)
         return
-    from rich.console import Console
     from rich.table import Table
 
+    training = info["backward_ops"] > 0
     table = Table(title=f"{info['name']}", show_header=False)
+    table.add_row("graph", "training step (forward and backward ops)" if training else
+                  f"forward (placed as a training step of {info['training_step_nodes']} "
+                  "nodes)")
     table.add_row("nodes / edges", f"{info['nodes']} / {info['edges']}")
-    table.add_row("forward FLOPs", _human(info["flops"], "FLOP"))
+    table.add_row("FLOPs (forward and backward)" if training else "FLOPs (forward)",
+                  _human(info["flops"], "FLOP"))
     table.add_row("parameters", _human(info["param_bytes"], "B"))
     table.add_row("activations", _human(info["activation_bytes"], "B"))
-    table.add_row("family / source", f"{info['family']} / {info['source']}")
+    table.add_row("family / source", f"{info['family'] or 'unknown'} / {info['source']}")
     table.add_row("measured ops", str(info["measured_ops"]))
     table.add_row("backward ops", str(info["backward_ops"]))
     unknown = info["unknown_shape_ops"]
@@ -104,20 +124,28 @@ def cmd_info(args: argparse.Namespace) -> None:
         table.add_row("[bold]features[/bold]", f"schema v{info['feature_schema_version']}")
         for k, v in info["features"].items():
             table.add_row(k, f"{v:.6g}")
-    Console().print(table)
+    _console().print(table)
 
 
 def cmd_convert(args: argparse.Namespace) -> None:
     from travorder.graph import save_graph
 
+    _check_out(args.out)
     g = _load(args.model, training=args.training)
     save_graph(g, args.out)
     print(f"wrote {args.out}: {g.n_nodes} nodes, {g.n_edges} edges")
 
 
 # --------------------------------------------------------------------------- placement
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def _console() -> Any:
+    """A rich console; when stdout is not a terminal (a pipe, a file) tables are printed
+    at full width, never cut to 80 columns with an ellipsis."""
     from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=100_000)
+
+
+def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     from rich.table import Table
 
     table = Table(title=title)
@@ -128,7 +156,7 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
         table.add_column(c)
     for r in rows:
         table.add_row(*(str(x) for x in r))
-    Console().print(table)
+    _console().print(table)
 
 
 def cmd_orders(args: argparse.Namespace) -> None:
@@ -230,23 +258,24 @@ def cmd_place(args: argparse.Namespace) -> None:
 
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
-    from travorder.placement.placers import evaluate_placement, place
+    from travorder.placement.placers import evaluate_placement, place_graph
 
+    _check_out(args.out)
     options = _placer_options(args.option)
     if args.coarsen is not None and args.coarsen < 1:
         raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
     g = _load(args.model, training=not args.forward_only)
     cluster = load_cluster(args.cluster)
     if args.coarsen is None:
-        r = place(g, cluster, placer=args.placer, order=args.order, seed=args.seed,
-                  floor=True, **options)
+        r = place_graph(g, cluster, placer=args.placer, order=args.order, seed=args.seed,
+                        floor=True, **options)
     else:  # place the coarse graph, then expand the placement to every op
         from travorder.graph import coarsen
 
         t0 = time.perf_counter()
         groups = coarsen(g, args.coarsen)
-        coarse = place(groups.graph, cluster, placer=args.placer, order=args.order,
-                       seed=args.seed, **options)
+        coarse = place_graph(groups.graph, cluster, placer=args.placer, order=args.order,
+                             seed=args.seed, **options)
         r = evaluate_placement(g, cluster, groups.expand(coarse.placement),
                                placer=args.placer, order=args.order, seed=args.seed,
                                wall_s=time.perf_counter() - t0,
@@ -318,6 +347,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         from travorder.placement.calibrate import calibrate_command
     except ImportError:
         raise TravorderError("calibrate needs torch: pip install 'travorder[torch]'") from None
+    _check_out(args.out)
     calibrate_command(args.devices, args.out, quick=args.quick, link_model=args.link_model)
 
 
@@ -387,6 +417,10 @@ def cmd_zoo_list(args: argparse.Namespace) -> None:
 
 
 def cmd_zoo_build(args: argparse.Namespace) -> None:
+    # Writing into the installed package is a deliberate act: it needs its own flag.
+    if (args.corpus is None) == (not args.into_bundled):
+        raise TravorderError("zoo build writes to --corpus DIR, or with --into-bundled to "
+                             "the installed package's corpus (one of the two)")
     try:
         import torch  # noqa: F401  (the zoo exports torch models)
     except ImportError:
@@ -397,7 +431,7 @@ def cmd_zoo_build(args: argparse.Namespace) -> None:
 
     def progress(i: int, n: int, model: Any, outcome: Any) -> None:
         what = (f"{outcome.n_nodes} nodes" if hasattr(outcome, "n_nodes")
-                else f"FAILED: {outcome.error}")
+                else f"FAILED: {outcome.reason}")
         print(f"[{i}/{n}] {model.name}: {what}", flush=True)
 
     sizes = {k: v for k, v in [("batch_size", args.batch_size), ("seq_len", args.seq_len),
@@ -438,9 +472,22 @@ def cmd_train(args: argparse.Namespace) -> None:
     from travorder.predictor.active import install_as_default
     from travorder.predictor.train import train_predictor
 
-    res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds))
+    def progress(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
+                          progress=progress)
     _print_evaluation(res.evaluation, per_family=False)
     print(f"trained a {res.kind} on {len(res.frame)} rows; wrote {args.out}")
+    if not res.beats_fixed:
+        table, fixed = res.evaluation.table, res.evaluation.best_fixed
+        worse = (f"the {res.kind} does not beat {fixed} on its own leave-family-out "
+                 f"evaluation (mean regret {100 * table.loc[res.kind, 'mean_regret']:.2f}% "
+                 f"vs {100 * table.loc[fixed, 'mean_regret']:.2f}%)")
+        if args.use_as_default and not args.force:
+            raise TravorderError(f"not installed as the default model: {worse}; "
+                                 "--force installs it anyway")
+        print(f"warning: {worse}", file=sys.stderr)
     if args.use_as_default:
         print(f"installed as the default model: {install_as_default(args.out)}")
 
@@ -453,11 +500,22 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
     frame = read_sources(args.data)
     if args.placer:
         frame = frame[frame["placer"] == args.placer]
-    ev = evaluate(design_matrix(frame), _kinds(args.kinds))
+    ev = evaluate(design_matrix(frame), _kinds(args.kinds),
+                  progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         _print_json({**ev.summary(), "per_family": ev.per_family.to_dict()})
         return
     _print_evaluation(ev, per_family=True)
+
+
+def cmd_model_reset(args: argparse.Namespace) -> None:
+    from travorder.predictor.active import active_model_dir, reset_default
+
+    removed = reset_default()
+    directory, why = active_model_dir()
+    print(f"removed the user default model {removed}" if removed is not None
+          else "no user default model was installed")
+    print(f"recommend-order now uses {directory} ({why})")
 
 
 def cmd_model_show(args: argparse.Namespace) -> None:
@@ -476,8 +534,34 @@ def cmd_model_show(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- parser
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose ``lazy_epilog`` (a function) is called only when the help
+    is printed: the registries it lists import the placers, too slow for every start."""
+
+    lazy_epilog: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.lazy_epilog is not None:
+            self.epilog = self.lazy_epilog()
+        return super().format_help()
+
+
+def _place_epilog() -> str:
+    import textwrap
+
+    from travorder.placement.orders import ORDERS, TOPOLOGICAL_ORDERS
+    from travorder.placement.placers import PLACERS
+
+    orders = [f"{o} (topological)" if o in TOPOLOGICAL_ORDERS else o for o in ORDERS]
+    return "\n".join([
+        *textwrap.wrap("placers: " + ", ".join(PLACERS), 78, subsequent_indent="  "),
+        *textwrap.wrap("orders (docs/orders.md): " + ", ".join(orders), 78,
+                       subsequent_indent="  "),
+        "clusters: `travorder clusters` lists the presets"])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="travorder",
         description="Study, simulate and recommend traversal orders for device placement.",
     )
@@ -517,12 +601,20 @@ def build_parser() -> argparse.ArgumentParser:
     graph_opts.add_argument("--json", action="store_true", help="machine-readable output")
 
     p = sub.add_parser("place", parents=[graph_opts],
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="place a model graph on a cluster and simulate a training step")
+    p.lazy_epilog = _place_epilog
     p.add_argument("model", help="model file")
-    p.add_argument("--placer", default="greedy", help="placer name (default: greedy)")
-    p.add_argument("--order", default="topo", help="traversal order (default: topo)")
-    p.add_argument("--cluster", default="k80x3", help="preset name or cluster file")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--placer", default="greedy",
+                   help="placer, from the list below (default: greedy)")
+    p.add_argument("--order", default="topo",
+                   help="traversal order, from the list below (default: topo)")
+    p.add_argument("--cluster", default="k80x3",
+                   help="preset name (`travorder clusters` lists them) or .toml/.json "
+                        "cluster file (default: k80x3)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed (a non-negative integer) of the random order and of the "
+                        "placers that draw (random, rl) (default: 0)")
     p.add_argument("--option", "-O", action="append", metavar="KEY=VALUE",
                    help="a placer option, repeatable (rl: preset=paper, episodes=200, "
                         "encoder=sage, ...; greedy: colocate=false)")
@@ -556,7 +648,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train the order predictor on study results")
     p.add_argument("--out", required=True, help="directory for the model")
     p.add_argument("--use-as-default", action="store_true",
-                   help="install the model so that recommend-order uses it")
+                   help="install the model so that recommend-order uses it (refused when "
+                        "it does not beat the best fixed order, unless --force)")
+    p.add_argument("--force", action="store_true",
+                   help="with --use-as-default: install even a model that does not beat "
+                        "the best fixed order")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("evaluate", parents=[data_opts],
@@ -570,6 +666,9 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--predictor", metavar="DIR", help="show this model directory instead")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_model_show)
+    q = msub.add_parser("reset", help="remove the model installed by train "
+                                      "--use-as-default: back to the bundled model")
+    q.set_defaults(func=cmd_model_reset)
 
     p = sub.add_parser("calibrate", help="measure this machine's devices and links into a "
                                           "cluster file")
@@ -611,7 +710,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="the bundled model-graph corpus")
     zsub = p.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
     corpus_opts = argparse.ArgumentParser(add_help=False)
-    corpus_opts.add_argument("--corpus", help="corpus directory (default: the bundled one)")
+    corpus_opts.add_argument("--corpus", help="corpus directory (zoo list: default the "
+                                              "bundled one)")
     corpus_opts.add_argument("--family", nargs="+", help="only these families")
     q = zsub.add_parser("list", parents=[corpus_opts], help="print the corpus manifest")
     q.add_argument("--source", nargs="+", help="only these sources (e.g. synthetic, timm)")
@@ -624,6 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--batch-size", type=int, help="export batch size (default 1)")
     q.add_argument("--seq-len", type=int, help="sequence length of text models (default 128)")
     q.add_argument("--timeout", type=float, help="seconds allowed per model (default 600)")
+    q.add_argument("--into-bundled", action="store_true",
+                   help="write into the installed package's corpus (instead of --corpus)")
     q.set_defaults(func=cmd_zoo_build)
     return parser
 
@@ -655,6 +757,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from travorder.api import recommend_order
     from travorder.placement.clusters import load_cluster
 
+    _check_out(args.place)
     g = _load(args.model, training=True)  # expanded once, for the features and the placer
     cluster = load_cluster(args.cluster)
     rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain,
@@ -662,10 +765,10 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     placed = None
     if args.place:
         from travorder.placement.placement_file import placement_doc
-        from travorder.placement.placers import place
+        from travorder.placement.placers import place_graph
 
-        placed = place(g, cluster, placer=args.placer, order=rec.order, seed=args.seed,
-                       floor=True)
+        placed = place_graph(g, cluster, placer=args.placer, order=rec.order, seed=args.seed,
+                             floor=True)
         _write_json(args.place, placement_doc(placed, g, cluster))
     if args.json:
         doc = rec.to_dict()
@@ -677,7 +780,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
                                 "fallback": placed.fallback}
         _print_json(doc)
         return
-    print(f"{rec.graph} ({rec.n_nodes} nodes) on {rec.cluster}")
+    forward = int((~g.is_backward).sum())
+    print(f"{rec.graph} ({forward} forward ops, placed as a {rec.n_nodes}-node training "
+          f"step) on {rec.cluster}")
     print(f"recommended order: {rec.order}  (probability {rec.probability:.2f})")
     how = "regret if used" if rec.verified and rec.runner_up in rec.verified \
         else "expected regret if used"

@@ -35,6 +35,16 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
         raise FormatError(f"cannot read {what} {str(p)!r}: {exc}") from None
 
 
+def check_seed(seed: Any) -> int:
+    """``seed`` if it is a non-negative integer (what numpy's generators take), else a
+    `TravorderError`."""
+    import numbers
+
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise TravorderError(f"seed must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
 def check_format(doc: Any, source: str, name: str, version: int, what: str) -> dict[str, Any]:
     """``doc`` if it is a JSON object ``{"format": name, "format_version": version, ...}``;
     else a `FormatError` saying that ``source`` is not a ``what`` or has another version."""

@@ -21,6 +21,19 @@ A document is ``{"nodes": [...], "edges": [...]}`` plus cluster limits
 
 The cluster limits go to ``meta["dnn_partitioning"]``.
 
+Training graphs come in two layouts. In the *connected* one (the benchmark's operator
+graphs) backward edges carry gradients backwards and forward nodes feed backward nodes:
+it is a training-step DAG as it stands. In the *mirrored* one (its layer graphs, e.g.
+``resnet50_training.json``) the backward half repeats the forward half with its edges in
+the forward direction and no edge joins the halves; imported as it is, the backward pass
+would run beside the forward pass. A mirrored document is recognised (backward nodes, no
+edge between the halves, each backward node shares its ``colorClass`` with exactly one
+forward node, and every backward edge mirrors a forward edge) and turned into the
+training-step DAG that `~travorder.graph.training_graph` builds: backward edges reversed,
+an edge ``f -> f'`` from each forward node to its partner carrying ``f``'s output, and
+``meta["dnn_partitioning_layout"] = "mirrored"``. Backward nodes that no edge joins to
+the forward nodes in any other way are refused with a `FormatError`.
+
 >>> doc = {"nodes": [{"id": 0, "fpgaLatency": 0.5, "size": 64.0, "isBackwardNode": 0},
 ...                  {"id": 1, "fpgaLatency": 0.25, "size": 8.0, "isBackwardNode": 0}],
 ...        "edges": [{"sourceId": 0, "destId": 1, "cost": 0.1, "size": 64.0}]}
@@ -100,14 +113,50 @@ def from_dnn_partitioning(
         b = _field(e, "size", float, source, f"edge {k}") if "size" in e else size[u]
         pairs[u, v] = max(b, pairs.get((u, v), 0.0))
 
+    layout = "forward"
+    if any(backward):
+        layout, pairs = _training_layout(pairs, backward, color, size, source)
     meta = {"name": Path(source).stem if source != "memory" else "dnn-partitioning",
             "source": source, "importer": "dnn-partitioning",
-            "dnn_partitioning": {k: doc[k] for k in _CLUSTER_KEYS if k in doc}}
+            "dnn_partitioning": {k: doc[k] for k in _CLUSTER_KEYS if k in doc},
+            "dnn_partitioning_layout": layout}
     return OpGraph(
         names, [u for u, _ in pairs], [v for _, v in pairs],
         output_bytes=size, time_us=[t * 1000.0 for t in latency], colocation=color,
         is_backward=backward, edge_bytes=list(pairs.values()), meta=meta,
     )
+
+
+def _training_layout(pairs: dict[tuple[int, int], float], backward: list[bool],
+                     color: list[int], size: list[float], source: str
+                     ) -> tuple[str, dict[tuple[int, int], float]]:
+    """``(layout, edges)`` of a training graph: ``"connected"`` edges as they are, or
+    ``"mirrored"`` edges rebuilt into the training-step DAG (see the module docstring)."""
+    if any(backward[u] != backward[v] for u, v in pairs):
+        return "connected", pairs
+    forward_of = {c: [] for c in color}
+    for k, c in enumerate(color):
+        if not backward[k] and c >= 0:
+            forward_of[c].append(k)
+    partner = {}
+    for k, c in enumerate(color):
+        if backward[k]:
+            match = forward_of.get(c, []) if c >= 0 else []
+            if len(match) != 1:
+                raise FormatError(
+                    f"{source}: no edge joins the backward nodes to the forward nodes, and "
+                    f"backward node {k} has {len(match)} forward partners by colorClass "
+                    f"(needs one): cannot build the training step")
+            partner[k] = match[0]
+    mirrored = all((partner[u], partner[v]) in pairs for u, v in pairs if backward[u])
+    if not mirrored or len(set(partner.values())) != len(partner):
+        raise FormatError(f"{source}: no edge joins the backward nodes to the forward "
+                          "nodes, and the backward edges do not mirror the forward ones: "
+                          "cannot build the training step")
+    edges = {((v, u) if backward[u] else (u, v)): b for (u, v), b in pairs.items()}
+    for b, f in partner.items():
+        edges[f, b] = size[f]  # the saved activations of f, which f' needs
+    return "mirrored", edges
 
 
 def _read_json(path: Path) -> Any:

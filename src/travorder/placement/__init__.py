@@ -21,7 +21,7 @@ _EXPORTS = {
     "PLACERS": "travorder.placement.placers",
     "PlacementResult": "travorder.placement.placers",
     "get_placer": "travorder.placement.placers",
-    "place": "travorder.placement.placers",
+    "place_graph": "travorder.placement.placers",
     "register_placer": "travorder.placement.placers",
     "BatchResult": "travorder.placement.simulator",
     "SimResult": "travorder.placement.simulator",

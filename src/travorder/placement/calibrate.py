@@ -1,9 +1,18 @@
 """Calibrate a cluster file from the devices of this machine.
 
-For each device: peak FLOP/s from a square float32 matrix product (``2 n^3`` FLOPs),
-memory bandwidth from a large on-device copy (bytes read + written), and the launch gap
-from a chain of tiny differentiable ops run forward and backward (the time per op, with
-the dispatch and autograd overhead that eager training pays on every op). For each
+For each device: peak FLOP/s from square float32 matrix products (``2 n^3`` FLOPs) of
+sides ``n/4``, ``n/2`` and ``n``, memory bandwidth from on-device copies (bytes read +
+written) of a quarter, half and all of ``stream_bytes``, and the launch gap from a chain of tiny
+differentiable ops run forward and backward (the time per op, with the dispatch and
+autograd overhead that eager training pays on every op). Peak FLOP/s and bandwidth are
+the slopes of ``time = fixed + work / rate`` fitted to the three sizes (`fit_link`):
+the fixed cost that every op pays whatever its size is the launch gap's part of the cost
+model, not slowness. On a CPU whose cores are busy that fixed cost is large (waking torch's
+intra-op threads took 15-30 ms per op on a loaded 2-core machine): timing one small op
+and dividing its work by its time measured that fixed cost, and so the first quick sizes
+(a 64x64 product, a 64 KB copy) reported rates about 500 times too low. The sizes must
+also be large enough for the work to show above that cost, which is why even `QUICK`
+multiplies 1024x1024 matrices. For each
 ordered pair of devices: copies of a sweep of sizes into a buffer on the destination, and
 a line ``time = latency + bytes / bandwidth`` fitted to them (bandwidth in B/us, latency
 in us, as in :mod:`travorder.placement.clusters`).
@@ -56,11 +65,12 @@ class Sizes:
         """Sizes for GPUs (``cuda``) or CPUs: a few seconds per device and pair."""
         if cuda:
             return cls(4096, 1 << 28, tuple(1 << k for k in range(12, 28, 2)), 1000, 10)
-        return cls(512, 1 << 25, tuple(1 << k for k in range(14, 26, 2)), 200, 5)
+        return cls(1024, 1 << 27, tuple(1 << k for k in range(14, 26, 2)), 200, 5)
 
 
-#: Tiny sizes: a fast check of the whole procedure, not meaningful figures.
-QUICK = Sizes(64, 1 << 16, (1 << 10, 1 << 12, 1 << 14), 20, 3)
+#: A fast check: the CPU sizes for the rates (smaller ones time the fixed per-op cost,
+#: not the device), few copy sizes and repeats; rough figures.
+QUICK = Sizes(1024, 1 << 27, (1 << 10, 1 << 12, 1 << 14), 20, 3)
 
 
 def _sync(devices: Sequence[torch.device]) -> None:
@@ -92,14 +102,21 @@ def _memory_bytes(device: torch.device) -> float:
 
 def measure_device(device: torch.device, sizes: Sizes) -> dict[str, float]:
     """``peak_flops`` (FLOP/s), ``mem_bw`` (B/s) and ``launch_us`` of one device."""
-    n = sizes.matmul_n
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
-    out = torch.empty(n, n, device=device)
-    t_mm = _best_us(lambda: torch.mm(a, b, out=out), [device], sizes.repeats)
-    src = torch.empty(sizes.stream_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    t_copy = _best_us(lambda: dst.copy_(src), [device], sizes.repeats)
+    sides = (sizes.matmul_n // 4, sizes.matmul_n // 2, sizes.matmul_n)
+    t_mm = []
+    for n in sides:
+        a = torch.randn(n, n, device=device)
+        b = torch.randn(n, n, device=device)
+        out = torch.empty(n, n, device=device)
+        t_mm.append(_best_us(lambda a=a, b=b, out=out: torch.mm(a, b, out=out), [device],
+                             sizes.repeats))
+    streams = (sizes.stream_bytes // 4, sizes.stream_bytes // 2, sizes.stream_bytes)
+    t_copy = []
+    for nbytes in streams:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        t_copy.append(_best_us(lambda src=src, dst=dst: dst.copy_(src), [device],
+                               sizes.repeats))
     tiny = torch.ones(1, device=device, requires_grad=True)
 
     def chain() -> None:  # launch_ops forward ops and as many backward ops
@@ -109,8 +126,10 @@ def measure_device(device: torch.device, sizes: Sizes) -> dict[str, float]:
         y.backward()
 
     t_op = _best_us(chain, [device], sizes.repeats) / (2 * sizes.launch_ops)
-    return {"peak_flops": 2.0 * n**3 / t_mm * 1e6,
-            "mem_bw": 2.0 * sizes.stream_bytes / t_copy * 1e6,
+    # fit_link's line: the rates per us without the fixed per-op cost
+    flops_per_us, _ = fit_link([2.0 * n**3 for n in sides], t_mm)
+    bytes_per_us, _ = fit_link([2.0 * b for b in streams], t_copy)
+    return {"peak_flops": flops_per_us * 1e6, "mem_bw": bytes_per_us * 1e6,
             "launch_us": t_op}
 
 

@@ -103,18 +103,26 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int) -> np.ndarra
     ``graph`` (one per node) or for ``training_graph(graph)`` (its forward half is used);
     a mapping node name -> device index (names of other nodes are ignored); or a
     placement file (path). A placement file, or any object with a ``graph_hash``
-    attribute, must be for ``graph`` or its training graph.
+    attribute, must be for ``graph`` or its training graph. A placement file or a
+    `PlacementResult` knows its cluster: ``n_devices`` must be that cluster's device count
+    (a placement that happens to use only the first devices is still a placement for all).
     """
     n = graph.n_nodes
     expected = getattr(placement, "graph_hash", None)
+    peak = getattr(placement, "peak_memory", None)  # one entry per cluster device
+    cluster_devices = None if peak is None else len(peak)
     if isinstance(placement, str | os.PathLike):
         _, doc = load_placement(placement)
         expected = str(doc["graph"].get("graph_hash"))
+        cluster_devices = len(doc["devices"])
         placement = doc["placement"]
     if expected is not None and expected not in (graph.graph_hash,
                                                  training_graph(graph).graph_hash):
         raise TravorderError(f"placement is for graph {expected[:12]}, not "
                              f"{graph.graph_hash[:12]} ({graph.name!r})")
+    if cluster_devices is not None and cluster_devices != n_devices:
+        raise TravorderError(f"the placement is for a cluster of {cluster_devices} devices, "
+                             f"but {n_devices} were given")
     placement = getattr(placement, "placement", placement)
     if isinstance(placement, Mapping):
         missing = [x for x in graph.names.tolist() if x not in placement]
@@ -206,8 +214,9 @@ def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
     The returned ``torch.fx.GraphModule`` carries ``devices`` (canonical names per slot),
     ``op_devices`` (op name -> slot), ``tensor_devices`` (parameter/buffer name -> slot
     of its home) and ``op_graph`` (the captured `OpGraph`). Raises `TravorderError` for a
-    placement of another graph, of the wrong length, or naming a slot beyond
-    ``devices``, and for a device torch does not know or this machine lacks.
+    placement of another graph, of the wrong length, naming a slot beyond ``devices``, or
+    made for a cluster of another size than ``devices`` (placement files and
+    `PlacementResult`s know it), and for a device torch does not know or this machine lacks.
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 import networkx as nx
 import numpy as np
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, check_seed
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import kahn_order
 from travorder.graph.pipeline import expand_order, micro_batch_graph, micro_batches
@@ -222,8 +222,10 @@ def traversal_order(g: OpGraph, name: str, seed: int = 0) -> np.ndarray:
     """The permutation of `g`'s node indices that order `name` visits (see `ORDERS`).
 
     On a pipelined graph (`travorder.graph.pipeline`) the order is that of micro-batch 0's
-    graph, each node followed by its copies in micro-batch order.
+    graph, each node followed by its copies in micro-batch order. Raises TravorderError
+    for an unknown order or a seed that is not a non-negative int.
     """
+    seed = check_seed(seed)
     m = micro_batches(g)
     if m == 1:
         return get_order(name)(g, seed)

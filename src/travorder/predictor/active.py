@@ -3,7 +3,7 @@
 Resolution order: an explicit path; the ``TRAVORDER_MODEL`` environment variable; the
 model installed by ``travorder train --use-as-default`` in the user's config directory
 (``$XDG_CONFIG_HOME/travorder/model``, else ``~/.config/travorder/model``); the default
-model shipped inside the package.
+model shipped inside the package. ``travorder model reset`` removes the user's model.
 """
 
 from __future__ import annotations
@@ -71,4 +71,15 @@ def install_as_default(directory: str | os.PathLike[str]) -> Path:
     shutil.copytree(directory, tmp)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
+    return target
+
+
+def reset_default() -> Path | None:
+    """Remove the model installed by `install_as_default`, so that the bundled model (or
+    ``TRAVORDER_MODEL``) is used again; returns the directory removed, or None."""
+    target = user_model_dir()
+    if not target.exists():
+        return None
+    shutil.rmtree(target)
+    _load.cache_clear()
     return target

@@ -21,7 +21,7 @@ best fixed order, then the highest-ranked others) and keeps the fastest; its bas
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +57,11 @@ def _metrics(regret: np.ndarray, hit1: np.ndarray, hit2: np.ndarray) -> dict[str
 
 def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
              params: Mapping[str, Any] | None = None,
-             verify: Iterable[int] = (2, 3)) -> Evaluation:
+             verify: Iterable[int] = (2, 3),
+             progress: Callable[[str], None] | None = None) -> Evaluation:
     """Leave-family-out evaluation of each predictor kind and the baselines, and of
-    shortlists of ``verify`` orders checked by placement."""
+    shortlists of ``verify`` orders checked by placement. ``progress`` gets a line before
+    each fold of each kind."""
     params = dict(params or {})
     verify = tuple(verify)
     orders = np.array(data.orders)
@@ -88,7 +90,10 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
     for kind in kinds:
         ranked = np.zeros((n, k), dtype=int)
         shortlists = np.zeros((n, longest), dtype=int)
-        for fam in np.unique(data.family):
+        families = np.unique(data.family)
+        for i, fam in enumerate(families):
+            if progress is not None:
+                progress(f"{kind}: fold {i + 1}/{families.size} (holding out {fam})")
             test = data.family == fam
             model = OrderPredictor(kind, **params).fit(data.X[~test], data.times[~test])
             ranked[test] = np.argsort(-model.scores(data.X[test]), axis=1, kind="stable")

@@ -173,6 +173,8 @@ class OrderPredictor:
             elif hasattr(self, "feature_names_in_"):
                 self._require_features(names)
                 X = X[list(self.feature_names_in_)]
+        elif fitting and hasattr(self, "feature_names_in_"):
+            del self.feature_names_in_  # a refit on a plain array: names of the old fit
         Xa = np.asarray(X, dtype=float)
         if Xa.ndim != 2:
             raise TravorderError(f"X must be 2-D, got shape {Xa.shape}")

@@ -10,7 +10,7 @@ a manifest that records why it was chosen.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,14 @@ class TrainResult:
     evaluation: Evaluation
     frame: pd.DataFrame
 
+    @property
+    def beats_fixed(self) -> bool:
+        """Whether the chosen kind's leave-family-out mean regret is below the best fixed
+        order's: if not, always using that order does at least as well."""
+        table = self.evaluation.table
+        return bool(table.loc[self.kind, "mean_regret"]
+                    < table.loc[self.evaluation.best_fixed, "mean_regret"])
+
 
 def _one_value(frame: pd.DataFrame, column: str, default: Any) -> Any:
     if column not in frame.columns:
@@ -76,11 +84,15 @@ def _one_value(frame: pd.DataFrame, column: str, default: Any) -> Any:
 
 def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
                     *, placer: str | None = None, kinds: Sequence[str] = KINDS,
-                    params: dict[str, Any] | None = None) -> TrainResult:
+                    params: dict[str, Any] | None = None,
+                    progress: Callable[[str], None] | None = None) -> TrainResult:
     """Merge ``sources``, evaluate ``kinds``, fit the best on everything, save to ``out``.
 
     ``placer``: whose results to learn from (default: the only placer in the data).
+    ``progress``: gets a line per fold of each kind evaluated, and before the final fit.
     """
+    if Path(out).exists() and not Path(out).is_dir():
+        raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
     frame = read_sources(sources)
     placers = sorted(frame["placer"].unique())
     if placer is None:
@@ -96,8 +108,10 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     if len(np.unique(data.family)) < 2:
         raise TravorderError("leave-family-out evaluation needs at least two families")
     params = dict(params or {})
-    ev = evaluate(data, kinds, params)
+    ev = evaluate(data, kinds, params, progress=progress)
     kind = str(ev.table.loc[list(kinds), "mean_regret"].idxmin())
+    if progress is not None:
+        progress(f"fitting the {kind} on all {len(frame)} rows")
     model = OrderPredictor(kind, **params).fit(data.X, data.times)
     why = ("lowest leave-family-out mean regret: " + ", ".join(
         f"{k} {ev.table.loc[k, 'mean_regret']:.4f}" for k in kinds)

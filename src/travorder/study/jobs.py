@@ -33,7 +33,7 @@ import numpy as np
 
 import travorder
 from travorder.graph import OpGraph
-from travorder.placement import Cluster, place, traversal_order
+from travorder.placement import Cluster, place_graph, traversal_order
 from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
 from travorder.study.spec import StudySpec
 
@@ -138,7 +138,7 @@ def run_job(job: Job, graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
     when one device is faster. Exceptions propagate; see `run_job_safely`.
     """
     start = time.perf_counter()
-    result = place(graph, cluster, placer=job.placer, order=job.order, seed=job.seed,
+    result = place_graph(graph, cluster, placer=job.placer, order=job.order, seed=job.seed,
                    **job.options)
     visit = traversal_order(graph, job.order, job.seed)
     return {

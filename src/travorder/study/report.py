@@ -15,12 +15,16 @@ For each placer and scenario in the store (clusters pooled):
 - ``ratio_<placer>_<scenario>.png``: per order, the ratio of its step time to the best
   order's on each graph (box plot over graphs, points for the graphs);
 - ``curves_<cluster>.png`` (when the store has ``rl`` runs): the mean RL learning curve
-  per order, each run's step time per episode divided by its first episode's;
+  per order, each run's step time per episode divided by its first episode's; the page
+  says that every 5th episode is greedy (the saw-tooth);
 - ``timeline_<placer>_<family>.png``: per family, the simulated step of the best and of
   the worst order (the seed nearest each order's mean) on one row, the family's row
   where they differ most, on a graph of at most `TIMELINE_NODES` nodes where there is one,
   that can be found again (in the bundled corpus, by hash, or at its source path) and
   that its scenario prepares to the graph the jobs placed.
+
+Heatmaps of more than a dozen families repeat the order names above them; log axes are
+labelled with plain numbers.
 
 The recommendations table gives, per placer, scenario and family (over its clusters), the
 order with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
@@ -161,18 +165,44 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text)
 
 
+#: Heatmaps with more rows (families) than this repeat the order names above them.
+_REPEAT_AXIS_ROWS = 12
+
+#: What the RL learning-curve figures say about their saw-tooth.
+CURVES_NOTE = ("Every 5th episode (the RL placer's default eval_every) is a greedy "
+               "evaluation that takes the most likely device at each step: the saw-tooth "
+               "of the curves.")
+
+
+def _plain_log_ticks(axis: Any) -> None:
+    """Tick labels of a log axis as plain numbers (``6``, not ``6x10^0``); minor ticks
+    labelled at 2, 3 and 5 times a power of ten only, so they do not crowd."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v: float, _: Any) -> str:
+        return f"{v:g}" if f"{v:.0e}"[0] in "235" else ""
+
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(minor))
+
+
 def _heatmaps(data: Any, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     wins = win_shares(data).groupby(data["family"]).mean()
     rank = ranks(data).groupby(data["family"]).mean()
+    # constrained layout keeps the title above the heatmaps (tight_layout let it overlap)
     fig, axes = plt.subplots(2, 1, figsize=(2.5 + 0.7 * wins.shape[1],
-                                            2.4 + 0.7 * wins.shape[0]), squeeze=False)
+                                            2.4 + 0.7 * wins.shape[0]), squeeze=False,
+                             layout="constrained")
     for ax, table, label, cmap in ((axes[0, 0], wins, "winning share", "Blues"),
                                    (axes[1, 0], rank, "mean rank", "Blues_r")):
         values = table.to_numpy()
         im = ax.imshow(values, aspect="auto", cmap=cmap)
         ax.set_xticks(range(table.shape[1]), table.columns, rotation=45, ha="right")
+        if table.shape[0] > _REPEAT_AXIS_ROWS:  # a tall map: the order names on top too
+            top = ax.secondary_xaxis("top")
+            top.set_xticks(range(table.shape[1]), table.columns, rotation=45, ha="left")
         ax.set_yticks(range(table.shape[0]), table.index)
         lo, hi = np.nanmin(values), np.nanmax(values)
         for (i, j), v in np.ndenumerate(values):
@@ -183,7 +213,6 @@ def _heatmaps(data: Any, path: Path, title: str) -> None:
         ax.set_title(label)
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title)
-    fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
@@ -201,6 +230,7 @@ def _ratio_plot(data: Any, path: Path, title: str) -> None:
         ax.scatter(i + rng.uniform(-0.18, 0.18, v.size), v, s=6, alpha=0.5)
     ax.set_xticks(range(1, len(orders) + 1), orders, rotation=60, ha="right")
     ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
     ax.set_ylabel("step time / best order's")
     ax.set_title(title)
     fig.tight_layout()
@@ -229,7 +259,8 @@ def _curves(store_path: str | os.PathLike[str], out: Path, study: str | None
             ax.plot(np.arange(1, n + 1), rel.mean(axis=0), label=f"{order} ({len(curves)})")
         ax.set_xlabel("episode")
         ax.set_ylabel("step time / first episode's (mean over runs)")
-        ax.set_title(f"RL learning curves, {cluster}")
+        ax.set_title(f"RL learning curves, {cluster}\n(every 5th episode greedy: the "
+                     "saw-tooth)", fontsize=10)
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"curves_{_slug(cluster)}.png"
@@ -351,8 +382,8 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
 
     matplotlib.use("Agg")
     out = Path(out_dir)
+    data = dataset_frame(store_path, rel_tol, study)  # a bad store: nothing written
     out.mkdir(parents=True, exist_ok=True)
-    data = dataset_frame(store_path, rel_tol, study)
     written: list[Path] = []
     sections = []
     for (placer, scenario), part in data.groupby(["placer", "scenario"], sort=False):
@@ -377,7 +408,7 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
                             for what, p in timelines))
     curves = _curves(store_path, out, study)
     written += curves
-    sections += ["<h2>RL learning curves</h2>\n" + "\n".join(
+    sections += ["<h2>RL learning curves</h2>\n" + f"<p>{CURVES_NOTE}</p>\n" + "\n".join(
         f'<img src="{p.name}" alt="learning curves">' for p in curves)] if curves else []
     summary = scenario_summary(data, rel_tol)
     recs = recommendations(data, rel_tol)

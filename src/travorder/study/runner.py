@@ -3,12 +3,14 @@
 `run_study` selects the spec's graphs, lists its jobs (`spec_jobs`), skips the ones the
 store holds as done, prepares the graphs that still have jobs in each of their scenarios
 (`Scenario.prepare` and `Scenario.cluster_for`; graph and scenario features into the
-store), checks the placer's options once per cluster on a three-node graph (so a bad
-option is one error, not a failed study), and runs the rest:
+store), and runs the rest. Before it opens the store it checks the placer's options once
+per cluster on a three-node graph, so a bad option is one error, not a failed study, and
+leaves no store and no pending run behind. The backends:
 
 - ``backend="loky"``: joblib's loky process pool with ``jobs`` workers
   (``Parallel(return_as="generator_unordered")``); with ``jobs=1`` the jobs run in this
-  process.
+  process. Workers exit within a second when the runner dies, even by SIGKILL (they
+  watch their parent process), and loky's resource tracker follows them.
 - ``backend="ray"``: one Ray task per job (1 CPU each) on the cluster at ``address``
   (``"auto"``: the one this machine belongs to), or on a local Ray with ``jobs`` CPUs
   started for the run and shut down after it.
@@ -26,15 +28,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
-from travorder.placement import Cluster, place
+from travorder.placement import Cluster, place_graph
 from travorder.study.jobs import Job, cluster_hash, run_jobs_safely, spec_jobs
 from travorder.study.scenarios import Scenario, features_of
 from travorder.study.spec import StudySpec, load_spec
@@ -71,7 +75,7 @@ class StudySummary:
 def _preflight(spec: StudySpec) -> None:
     for cluster in spec.clusters:
         try:
-            place(_PREFLIGHT, cluster, spec.placer, spec.orders[0], 0, **spec.placer_options)
+            place_graph(_PREFLIGHT, cluster, spec.placer, spec.orders[0], 0, **spec.placer_options)
         except TravorderError as exc:
             raise TravorderError(f"{spec.source}: placer {spec.placer!r} on cluster "
                                  f"{cluster.name!r}: {exc}") from None
@@ -97,19 +101,19 @@ def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
     """Prepare the (graph name, scenario name) pairs in ``wanted``, on ``n_workers``
     processes, and describe them in the store: graph and scenario features, and the
     clusters as the scenario set them."""
-    from joblib import Parallel, delayed
+    from joblib import delayed
 
     from travorder.featurize import FEATURE_SCHEMA_VERSION
 
     by_name = {g.name: g for g in graphs}
     scenarios = {s.name: s for s in spec.scenarios}
     todo = sorted(wanted)
-    results = Parallel(n_jobs=min(n_workers, max(len(todo), 1)), backend="loky",
-                       return_as="generator")(
-        delayed(_prepare_one)(spec, by_name[g], scenarios[s]) for g, s in todo)
     prepared_graphs: Graphs = {}
     clusters: Clusters = {}
-    with _progress(progress) as bar:
+    with _loky(min(n_workers, max(len(todo), 1)), "generator") as parallel, \
+            _progress(progress) as bar:
+        results = parallel(delayed(_prepare_one)(spec, by_name[g], scenarios[s])
+                           for g, s in todo)
         task = bar.add_task("preparing graphs", total=len(todo), failed=0, rate=0.0)
         for (name, sname), (prepared, feats, pairs) in zip(todo, results, strict=True):
             store.add_graph(by_name[name], sname, prepared, spec.training,
@@ -135,13 +139,42 @@ def _chunks(jobs: list[Job]) -> list[list[Job]]:
     return list(groups.values())
 
 
+def _exit_with_parent(parent: int, interval_s: float = 0.5) -> None:
+    """Run at the start of each loky worker: end the worker when its parent ``parent``
+    (the runner) is gone.
+
+    A runner killed with SIGKILL cannot shut its loky pool down; its workers would run on,
+    reparented, for ever (and loky's resource tracker with them, since they hold its
+    pipe). A daemon thread checks the parent every ``interval_s`` and exits when it
+    changes.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="travorder-parent-watch", daemon=True).start()
+
+
+@contextmanager
+def _loky(n_workers: int, return_as: str) -> Iterator[Any]:
+    """A joblib loky pool whose workers end with this process (`_exit_with_parent`)."""
+    from joblib import Parallel, parallel_config
+
+    with parallel_config(backend="loky", initializer=_exit_with_parent,
+                         initargs=(os.getpid(),)):
+        yield Parallel(n_jobs=n_workers, return_as=return_as)
+
+
 def _run_loky(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: int
               ) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
-    from joblib import Parallel, delayed
+    from joblib import delayed
 
-    parallel = Parallel(n_jobs=n_workers, backend="loky", return_as="generator_unordered")
-    yield from parallel(delayed(run_jobs_safely)(chunk, *_inputs(chunk[0], graphs, clusters))
-                        for chunk in _chunks(jobs))
+    with _loky(n_workers, "generator_unordered") as parallel:
+        yield from parallel(delayed(run_jobs_safely)(chunk, *_inputs(chunk[0], graphs,
+                                                                     clusters))
+                            for chunk in _chunks(jobs))
 
 
 def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: int,
@@ -214,12 +247,11 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         spec = load_spec(Path(spec))
     graphs = spec.select_graphs()
     all_jobs = spec_jobs(spec, graphs)
+    _preflight(spec)  # before the store is touched: a bad spec leaves nothing behind
     with ResultStore(store_path) as store:
         store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
         done_before = store.done_ids()
         todo = [j for j in all_jobs if j.job_id not in done_before]
-        if todo:
-            _preflight(spec)
         known = store.graph_keys()
         wanted = {(j.graph_name, j.scenario) for j in todo}
         wanted |= {(g.name, s.name) for g in graphs for s in spec.scenarios

@@ -1,11 +1,15 @@
-"""Placers behind one interface: `place` and the `PLACERS` registry.
+"""Placers behind one interface: `place_graph` and the `PLACERS` registry.
 
 A placer is a function ``(graph, cluster, order, seed, **options) -> placement`` where
 ``order`` is the traversal order as a permutation of node indices and the placement is an
 int64 array with a device index per node, or a tuple ``(placement, learning_curve)`` for
-placers that learn. `place` computes the order, runs the placer, times it, simulates the
+placers that learn. `place_graph` computes the order, runs the placer, times it, simulates the
 placement with :class:`~travorder.placement.simulator.Simulator` and returns a
 `PlacementResult`: step times and feasibility always come from the simulator.
+
+`place_graph` places an `OpGraph` as it is; `travorder.place` (`travorder.api`) is the
+launcher's call: it also reads model files, expands a forward graph into its training
+step and can choose the order (``order="auto"``).
 
 Memory: the placers other than ``single`` choose only devices where the node still fits a
 conservative memory estimate (see :mod:`travorder.placement.placers.schedule`); when
@@ -13,7 +17,7 @@ nothing fits they go on regardless, and ``feasible`` (the simulator's verdict) i
 
 >>> from travorder.graph import OpGraph
 >>> g = OpGraph(["a", "b", "c"], [0, 0], [1, 2], time_us=[5.0, 50.0, 50.0])
->>> r = place(g, "v100x4-nvlink", placer="greedy", order="topo")
+>>> r = place_graph(g, "v100x4-nvlink", placer="greedy", order="topo")
 >>> r.placement.tolist(), r.feasible
 ([0, 0, 1], True)
 """
@@ -84,14 +88,17 @@ class PlacementResult:
     fits) and ``peak_memory`` (bytes per device) come from the simulator; ``wall_s`` is
     the time spent computing the order and running the placer; ``learning_curve`` the
     step time per episode for placers that learn, else None; ``graph_hash`` that of the
-    placed graph.
+    placed graph; ``recommendation``: when `travorder.place` chose the order
+    (``order="auto"``), the `travorder.api.Recommendation` that chose it (its
+    ``probability``, and with ``verify`` the step time of each order it checked in
+    ``verified``), else None.
 
     The single-device floor: ``single_device_us`` is the step time with every node on the
     device `single` picks, ``single_device_feasible`` whether that fits in memory,
-    ``speedup`` the floor's step time over this one. ``fallback`` is True when `place` was
-    asked for the floor (``floor=True``) and returned the single-device placement because
-    the placer's was slower or did not fit; ``placer_step_time_us`` is then the step time
-    the placer itself reached (else equal to ``step_time_us``).
+    ``speedup`` the floor's step time over this one. ``fallback`` is True when
+    `place_graph` was asked for the floor (``floor=True``) and returned the single-device
+    placement because the placer's was slower or did not fit; ``placer_step_time_us`` is
+    then the step time the placer itself reached (else equal to ``step_time_us``).
     """
 
     placement: np.ndarray
@@ -110,6 +117,7 @@ class PlacementResult:
     single_device_feasible: bool = False
     fallback: bool = False
     placer_step_time_us: float = math.nan
+    recommendation: Any = None
 
     @property
     def speedup(self) -> float:
@@ -136,6 +144,8 @@ class PlacementResult:
             "speedup": self.speedup,
             "fallback": self.fallback,
             "placer_step_time_us": self.placer_step_time_us,
+            "recommendation": (None if self.recommendation is None
+                               else self.recommendation.to_dict()),
         }
 
 
@@ -150,9 +160,9 @@ def _check_options(name: str, fn: PlacerFn, options: dict[str, Any]) -> None:
             raise TravorderError(f"placer {name!r} has no option {key!r} (options: {valid})")
 
 
-def place(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
-          order: str = "topo", seed: int = 0, *, floor: bool = False,
-          **options: Any) -> PlacementResult:
+def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
+                order: str = "topo", seed: int = 0, *, floor: bool = False,
+                **options: Any) -> PlacementResult:
     """Place `graph` on `cluster` (a `Cluster`, preset name or file) with `placer`, visiting
     nodes in traversal `order`; `options` go to the placer (e.g. ``colocate=False``).
 
@@ -178,7 +188,7 @@ def evaluate_placement(graph: OpGraph, cluster: Cluster, placement: Any, *, plac
                        order: str, seed: int, wall_s: float,
                        learning_curve: Any = None, floor: bool = False) -> PlacementResult:
     """The `PlacementResult` of a placement a placer made: simulated, with the
-    single-device floor (see `place` for ``floor``)."""
+    single-device floor (see `place_graph` for ``floor``)."""
     placement = np.asarray(placement, dtype=np.int64)
     simulator = Simulator(graph, cluster)
     sim = simulator.run(placement)

@@ -1,4 +1,4 @@
-"""Small torch models for the launcher's tests and benchmark: a residual CNN, a
+"""Small torch models for the launcher's tests and benchmark (needs torch): a residual CNN, a
 transformer block and an unrolled RNN whose cell is shared by every time step.
 
 Each ``make_*`` returns ``(model, example_inputs, target)`` built from ``seed``; ``scale``
