@@ -38,6 +38,7 @@ its table: the predictor kinds against the fixed-order baselines.
 from __future__ import annotations
 
 import html
+import io
 import json
 import os
 import re
@@ -186,17 +187,30 @@ def _plain_log_ticks(axis: Any) -> None:
     axis.set_minor_formatter(FuncFormatter(minor))
 
 
+def _save(fig: Any, path: Path, dpi: int = 110) -> None:
+    """Write ``fig`` as a 256-colour PNG and close it: the figures are flat colours and
+    text, and a palette keeps a corpus-sized report a few megabytes."""
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    Image.open(buf).convert("RGB").quantize(256).save(path, optimize=True)
+
+
 def _heatmaps(data: Any, path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     wins = win_shares(data).groupby(data["family"]).mean()
     rank = ranks(data).groupby(data["family"]).mean()
     # constrained layout keeps the title above the heatmaps (tight_layout let it overlap)
-    fig, axes = plt.subplots(2, 1, figsize=(2.5 + 0.7 * wins.shape[1],
-                                            2.4 + 0.7 * wins.shape[0]), squeeze=False,
+    # the two maps side by side, a row per family (a corpus has dozens)
+    fig, axes = plt.subplots(1, 2, figsize=(2 * (2.2 + 0.55 * wins.shape[1]),
+                                            2.6 + 0.3 * wins.shape[0]), squeeze=False,
                              layout="constrained")
     for ax, table, label, cmap in ((axes[0, 0], wins, "winning share", "Blues"),
-                                   (axes[1, 0], rank, "mean rank", "Blues_r")):
+                                   (axes[0, 1], rank, "mean rank", "Blues_r")):
         values = table.to_numpy()
         im = ax.imshow(values, aspect="auto", cmap=cmap)
         ax.set_xticks(range(table.shape[1]), table.columns, rotation=45, ha="right")
@@ -213,8 +227,7 @@ def _heatmaps(data: Any, path: Path, title: str) -> None:
         ax.set_title(label)
         fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, dpi=90)
 
 
 def _ratio_plot(data: Any, path: Path, title: str) -> None:
@@ -234,8 +247,7 @@ def _ratio_plot(data: Any, path: Path, title: str) -> None:
     ax.set_ylabel("step time / best order's")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def _curves(store_path: str | os.PathLike[str], out: Path, study: str | None
@@ -264,8 +276,7 @@ def _curves(store_path: str | os.PathLike[str], out: Path, study: str | None
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"curves_{_slug(cluster)}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
+        _save(fig, path)
         paths.append(path)
     return paths
 
@@ -320,7 +331,7 @@ def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
                 titles.append(f"{row['graph']}, {placer}, order {order} (seed {job.seed})")
             if len(tls) == 2:
                 path = out / f"timeline_{_slug(placer)}_{_slug(family)}.png"
-                plot_gantt(tls, path, titles=titles)
+                _save(plot_gantt(tls, titles=titles), path, dpi=100)
                 figures.append((f"{placer}, {family}: {row['scenario']} on {cluster}", path))
                 break
     return figures
