@@ -150,7 +150,7 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     with pytest.raises(TravorderError, match="a shortlist holds 1 to 3 orders, got 4"):
         recommend_order(onnx_model, predictor=model_dir, verify=4)
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
-    assert code == 0 and "checked by placement with greedy: " in out
+    assert code == 0 and "orders checked by placement with greedy" in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "-1")
     assert code == 2 and err.count("\n") == 1 and "a shortlist holds 1 to 3" in err
 
@@ -254,3 +254,75 @@ def test_scores_one_row_given_by_feature_name(frame):
     del row[data.X.columns[0]]
     with pytest.raises(TravorderError, match="features missing"):
         p.scores(row)
+
+
+def test_recommends_the_order_with_the_lowest_expected_regret(model_dir, onnx_model):
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir)
+    assert rec.expected_regret[rec.order] == min(rec.expected_regret.values())
+    assert rec.tied[0] == rec.order and rec.runner_up not in rec.tied
+    assert all(rec.expected_regret[o] <= rec.expected_regret[rec.order] + 0.01
+               for o in rec.tied)
+    assert rec.confidence in ("high", "low") and rec.verified is None and not rec.exact
+
+
+def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_model):
+    from travorder.graph.onnx_import import read_onnx
+    from travorder.placement.placers import place as place_graph
+
+    full = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=60)
+    assert full.exact and sorted(full.verified) == sorted(ORDERS)
+    study_graph = training_graph(read_onnx(onnx_model))
+    want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
+    assert full.verified == pytest.approx(want) and want[full.order] == min(want.values())
+    assert full.confidence == "high" and full.check_s > 0
+    one = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
+    p, _ = OrderPredictor.load(model_dir)
+    assert list(one.verified) == [p.classes_[p.mean_regret_.argmin()]] and not one.exact
+    with pytest.raises(TravorderError, match="time budget must be"):
+        recommend_order(onnx_model, predictor=model_dir, budget=-1)
+
+
+def test_budget_on_the_command_line(capsys, model_dir, onnx_model):
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "60")
+    assert code == 0 and "exact: every order was checked by placement with greedy" in out
+    code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "-2")
+    assert code == 2 and err.count("\n") == 1 and "time budget" in err
+
+
+@pytest.mark.parametrize("check", [["--budget", "60"], ["--verify", "2"], []])
+def test_written_placement_has_the_checked_step_time(capsys, model_dir, onnx_model, tmp_path,
+                                                     check):
+    from travorder.graph import load_graph
+    from travorder.placement import simulate
+    from travorder.placement.clusters import load_cluster
+    from travorder.placement.placement_file import load_placement
+
+    out_path = tmp_path / "placement.json"
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--json", "--place",
+                        str(out_path), *check)
+    doc = json.loads(out)
+    graph = training_graph(load_graph(onnx_model))  # the graph the placement applies to
+    devices, _ = load_placement(out_path, graph)
+    step = simulate(graph, devices, load_cluster("k80x3")).step_time_us
+    assert code == 0 and doc["placement"]["step_time_us"] == pytest.approx(step)
+    if check:
+        assert doc["verified"][doc["order"]] == pytest.approx(step)
+    r = place(onnx_model, "k80x3", predictor=model_dir, verify=2 if check else 0)
+    assert r.step_time_us == pytest.approx(step)
+
+
+def test_warns_when_the_graph_lies_outside_the_training_data(capsys, model_dir, onnx_model,
+                                                             tmp_path):
+    import shutil
+
+    d = tmp_path / "narrow"
+    shutil.copytree(model_dir, d)
+    manifest = json.loads((d / MANIFEST).read_text())
+    manifest["feature_ranges"] = {"f_n_nodes": [1e5, 2e5], "c_n_devices": [1, 8]}
+    (d / MANIFEST).write_text(json.dumps(manifest))
+    rec = recommend_order(onnx_model, "k80x3", predictor=str(d))
+    assert rec.confidence == "low" and len(rec.warnings) == 1
+    assert rec.warnings[0].startswith("graph feature n_nodes = ")
+    assert "outside the training data's range [1e+05, 2e+05]" in rec.warnings[0]
+    code, out, _ = _run(capsys, onnx_model, "--predictor", str(d))
+    assert code == 0 and "warning: graph feature n_nodes" in out and "confidence low" in out

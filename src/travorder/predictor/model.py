@@ -15,9 +15,11 @@ Three kinds share the interface, so they can be compared on the same folds:
 and the ranker, a softmax of their scores). ``expected_regret`` turns probabilities into
 the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
 ``regret_table_[c, o]`` is the mean regret of order ``o`` on training rows whose best
-order was ``c``. ``shortlist`` gives the orders worth checking by placement: the best
-fixed order of the training data (lowest ``mean_regret_``) first, then the others by
-score, so that keeping the fastest of them is never worse than that fixed order.
+order was ``c``; the regressor predicts it directly (``exp(predicted log-ratio) - 1``).
+Recommendations go by expected regret (`ranking`): the recommended order is the one with
+the lowest figure printed. ``shortlist`` gives the orders worth checking by placement: the
+best fixed order of the training data (lowest ``mean_regret_``) first, then the others by
+expected regret, so that keeping the fastest of them is never worse than that fixed order.
 
 Saved as LightGBM text models plus a JSON manifest (``save`` / ``load``); loading never
 unpickles and checks the feature schema and that manifest and models agree. Predicting
@@ -219,13 +221,28 @@ class OrderPredictor:
         return softmax(self.scores(X))
 
     def predict(self, X: Features) -> np.ndarray:
-        """The recommended order for each row."""
-        best = self.scores(X).argmax(axis=1)
-        return self.classes_[best]
+        """The recommended order for each row: the lowest `expected_regret`."""
+        return self.classes_[self.ranking(X)[:, 0]]
 
     def expected_regret(self, X: Features) -> np.ndarray:
-        """Expected regret (step time / best - 1) of each order for each row."""
-        return self.predict_proba(X) @ self.regret_table_
+        """Expected regret (step time / best - 1) of each order for each row: the
+        regressor's own prediction ``exp(predicted log-ratio) - 1``; for the classifier and
+        the ranker ``P(best = c) @ regret_table_``."""
+        return self._expected_regret(self.scores(X))
+
+    def _expected_regret(self, scores: np.ndarray) -> np.ndarray:
+        if self.kind == "regressor":
+            return np.expm1(np.maximum(-scores * _REGRESSOR_TEMPERATURE, 0.0))
+        return softmax(scores) @ self.regret_table_
+
+    def ranking(self, X: Features) -> np.ndarray:
+        """Per row, the orders (indices into ``classes_``) from the lowest expected regret
+        to the highest: what `predict`, `shortlist` and recommendations go by."""
+        return self.rank(self.scores(X))
+
+    def rank(self, scores: np.ndarray) -> np.ndarray:
+        """`ranking` from precomputed `scores` (ties by score, then by class index)."""
+        return np.lexsort((-scores, self._expected_regret(scores)), axis=-1)
 
     def shortlist(self, X: Features, k: int) -> np.ndarray:
         """Per row, ``k`` orders to check by placement (indices into ``classes_``): the
@@ -233,9 +250,10 @@ class OrderPredictor:
         self._check_fitted()
         if not 1 <= k <= self.classes_.size:
             raise TravorderError(f"a shortlist holds 1 to {self.classes_.size} orders, got {k}")
-        scores = self.scores(X)
-        scores[:, self.mean_regret_.argmin()] = np.inf
-        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        ranked = self.ranking(X)
+        anchor = self.mean_regret_.argmin()
+        rest = ranked[ranked != anchor].reshape(ranked.shape[0], -1)
+        return np.column_stack([np.full(ranked.shape[0], anchor), rest])[:, :k]
 
     def explain(self, X: Features) -> np.ndarray:
         """Per-feature contributions (LightGBM SHAP values) to the recommended order's score:
@@ -329,6 +347,14 @@ class OrderPredictor:
                 p.models_.append(TreeEnsemble(data.decode()))
             except (FormatError, UnicodeDecodeError) as exc:
                 raise FormatError(f"{d / f}: broken LightGBM model ({exc})") from None
+        net = doc.get("graph_net")
+        if net is not None:
+            from travorder.predictor.structure import GraphNet
+
+            try:
+                p.graph_net_ = GraphNet.load(d / net["file"], net["sha256"])
+            except (KeyError, TypeError):
+                raise FormatError(f"{d / MANIFEST}: broken graph network entry") from None
         p._check_consistent(d)
         return p, doc
 
