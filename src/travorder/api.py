@@ -149,7 +149,6 @@ def _recommend(g: OpGraph, placed: OpGraph | None, c: Cluster, *, predictor: str
     regret = est._expected_regret(scores)
     names = est.classes_.tolist()
     ranked = est.rank(scores)
-    noise = float(manifest.get("expected_error", 0.01))
     verified = placement = check_s = None
     if verify or budget is not None:
         if verify:
@@ -171,7 +170,7 @@ def _recommend(g: OpGraph, placed: OpGraph | None, c: Cluster, *, predictor: str
                 and results[j].step_time_us <= fastest * (1 + TIE_REL_TOL)]
         margin = results[tied[-1]].step_time_us / fastest - 1.0
     else:
-        tied = [j for j in ranked if regret[j] <= regret[ranked[0]] + noise]
+        tied = [j for j in ranked if regret[j] <= regret.min() + est.tie_tolerance]
         margin = float(regret[tied].max() - regret[tied].min())
     best = int(ranked[0])
     second = next((int(j) for j in ranked if j not in tied), int(ranked[1]))
@@ -216,15 +215,17 @@ def _outside_training_range(row: dict[str, float], ranges: dict[str, list[float]
 def _check(graph: OpGraph, cluster: Cluster, names: list[str], candidates: np.ndarray,
            placer: str, seed: int, budget: float | None) -> dict[int, PlacementResult]:
     """Place ``graph`` with the ``candidates`` orders in turn: all of them, or with a
-    ``budget`` (seconds) as many as fit, judged by the mean time per order so far."""
+    ``budget`` (seconds) as many as fit, judged by the time the last one took (the first
+    also loads the compiled simulator, and always runs)."""
     from travorder.placement.placers import place as place_graph
 
     results: dict[int, PlacementResult] = {}
-    t0 = time.perf_counter()
+    t0 = last = time.perf_counter()
     for j in candidates:
-        spent = time.perf_counter() - t0
-        if results and budget is not None and spent + spent / len(results) > budget:
+        now = time.perf_counter()
+        if results and budget is not None and 2 * now - last - t0 > budget:
             break
+        last = now
         results[int(j)] = place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
     return results
 

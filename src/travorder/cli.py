@@ -599,7 +599,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
               f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")
     how = "measured regret" if checked and rec.runner_up in rec.verified \
-        else "expected regret"
+        else "expected regret" + (", not checked" if checked else "")
     print(f"runner-up:         {rec.runner_up}  ({how} {100 * rec.runner_up_regret:.1f}%)")
     for line in rec.warnings[:3]:
         print(f"warning: {line}")

@@ -16,8 +16,10 @@ and the ranker, a softmax of their scores). ``expected_regret`` turns probabilit
 the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
 ``regret_table_[c, o]`` is the mean regret of order ``o`` on training rows whose best
 order was ``c``; the regressor predicts it directly (``exp(predicted log-ratio) - 1``).
-Recommendations go by expected regret (`ranking`): the recommended order is the one with
-the lowest figure printed. ``shortlist`` gives the orders worth checking by placement: the
+Recommendations go by expected regret (`ranking`): the recommended order is within
+``tie_tolerance`` (2 %) of the lowest figure printed, and among the orders that close
+(tied within the predictor's noise) the one with the lowest mean regret on the training
+data. ``shortlist`` gives the orders worth checking by placement: the
 best fixed order of the training data (lowest ``mean_regret_``) first, then the others by
 expected regret, so that keeping the fastest of them is never worse than that fixed order.
 
@@ -59,6 +61,19 @@ FORMAT_VERSION = 1
 _REGRESSOR_TEMPERATURE = 0.05
 
 
+def tie_ranking(regret: np.ndarray, safety: np.ndarray, tolerance: float,
+                scores: np.ndarray | None = None) -> np.ndarray:
+    """Orders from best to worst (per row of ``regret``, the expected regret per order):
+    first the orders within ``tolerance`` of the lowest expected regret (tied within the
+    predictor's noise), safest first (lowest ``safety``: the mean regret on the training
+    data), then the others by expected regret; remaining ties by higher ``scores``, then
+    by index."""
+    tied = regret <= regret.min(axis=-1, keepdims=True) + tolerance
+    keys = (regret if scores is None else -scores, regret,
+            np.where(tied, np.broadcast_to(safety, regret.shape), np.inf))
+    return np.lexsort(keys, axis=-1)
+
+
 def softmax(scores: np.ndarray) -> np.ndarray:
     """Softmax over the last axis: per-order scores to probabilities."""
     z = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -79,8 +94,10 @@ class OrderPredictor:
 
     def __init__(self, kind: str = "classifier", *, n_estimators: int = 200,
                  learning_rate: float = 0.05, num_leaves: int = 15,
-                 min_child_samples: int = 5, random_state: int = 0) -> None:
+                 min_child_samples: int = 5, random_state: int = 0,
+                 tie_tolerance: float = 0.02) -> None:
         self.kind = kind
+        self.tie_tolerance = tie_tolerance
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate
         self.num_leaves = num_leaves
@@ -221,8 +238,9 @@ class OrderPredictor:
         return softmax(self.scores(X))
 
     def predict(self, X: Features) -> np.ndarray:
-        """The recommended order for each row: the lowest `expected_regret`."""
-        return self.classes_[self.ranking(X)[:, 0]]
+        """The recommended order for each row: the first of `ranking`."""
+        best = self.ranking(X)[:, 0]
+        return self.classes_[best]
 
     def expected_regret(self, X: Features) -> np.ndarray:
         """Expected regret (step time / best - 1) of each order for each row: the
@@ -236,13 +254,16 @@ class OrderPredictor:
         return softmax(scores) @ self.regret_table_
 
     def ranking(self, X: Features) -> np.ndarray:
-        """Per row, the orders (indices into ``classes_``) from the lowest expected regret
-        to the highest: what `predict`, `shortlist` and recommendations go by."""
+        """Per row, the orders (indices into ``classes_``) from best to worst: the orders
+        within ``tie_tolerance`` of the lowest expected regret first, the one with the lowest
+        mean regret on the training rows (the safest) leading, then the others by expected
+        regret (`tie_ranking`). What `predict`, `shortlist` and recommendations go by."""
         return self.rank(self.scores(X))
 
     def rank(self, scores: np.ndarray) -> np.ndarray:
-        """`ranking` from precomputed `scores` (ties by score, then by class index)."""
-        return np.lexsort((-scores, self._expected_regret(scores)), axis=-1)
+        """`ranking` from precomputed `scores`; see `tie_ranking`."""
+        return tie_ranking(self._expected_regret(scores), self.mean_regret_,
+                           self.tie_tolerance, scores)
 
     def shortlist(self, X: Features, k: int) -> np.ndarray:
         """Per row, ``k`` orders to check by placement (indices into ``classes_``): the
