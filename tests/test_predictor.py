@@ -232,6 +232,26 @@ def test_recommend_path_never_imports_torch_or_the_training_libraries(model_dir,
     assert done.returncode == 0, done.stderr
 
 
+def test_shipped_model_recommends_a_2000_node_graph_without_torch(tmp_path):
+    # The shipped model may use the order statistics (networkx orders) and the graph
+    # network, whose forward pass runs in numpy.
+    from travorder.datasets.onnx_examples import transformer_stack
+
+    path = tmp_path / "big.onnx"
+    onnx.save(transformer_stack(n_layers=61), path)
+    heavy = ["torch", "torch_geometric", "lightgbm", "sklearn", "pandas", "scipy", "numba"]
+    code = ("import sys, json, io, contextlib; from travorder.cli import recommend_main; "
+            "out = io.StringIO()\n"
+            f"with contextlib.redirect_stdout(out): rc = recommend_main([{str(path)!r}, "
+            "'--json'])\n"
+            f"assert rc == 0; loaded = [m for m in {heavy!r} if m in sys.modules]; "
+            "assert not loaded, f'imported {loaded}'; "
+            "print(json.loads(out.getvalue())['n_nodes'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 2000
+
+
 def test_follows_scikit_learn_parameter_conventions(frame):
     from sklearn.base import clone
 
