@@ -215,15 +215,17 @@ def _outside_training_range(row: dict[str, float], ranges: dict[str, list[float]
 def _check(graph: OpGraph, cluster: Cluster, names: list[str], candidates: np.ndarray,
            placer: str, seed: int, budget: float | None) -> dict[int, PlacementResult]:
     """Place ``graph`` with the ``candidates`` orders in turn: all of them, or with a
-    ``budget`` (seconds) as many as fit, judged by the time the last one took (the first
-    also loads the compiled simulator, and always runs)."""
+    ``budget`` (seconds) as many as fit. The first always runs; it also loads the compiled
+    simulator, so the next one runs if any budget is left, and after that an order runs
+    if the time the last one took still fits."""
     from travorder.placement.placers import place as place_graph
 
     results: dict[int, PlacementResult] = {}
     t0 = last = time.perf_counter()
     for j in candidates:
         now = time.perf_counter()
-        if results and budget is not None and 2 * now - last - t0 > budget:
+        if results and budget is not None and (
+                now - t0 >= budget or (len(results) > 1 and 2 * now - last - t0 > budget)):
             break
         last = now
         results[int(j)] = place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
