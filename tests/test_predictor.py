@@ -276,7 +276,7 @@ def test_scores_one_row_given_by_feature_name(frame):
         p.scores(row)
 
 
-def test_recommends_the_order_with_the_lowest_expected_regret(model_dir, onnx_model):
+def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_dir, onnx_model):
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir)
     p, _ = OrderPredictor.load(model_dir)
     low = min(rec.expected_regret.values())

@@ -38,8 +38,9 @@ TIE_REL_TOL = 0.01
 class Recommendation:
     """The recommended traversal order for a graph on a cluster.
 
-    ``order`` is the order with the lowest ``expected_regret`` (the predictor's, per
-    order: step time / best - 1), or, when orders were checked by placement, the fastest
+    ``order``: the first of the orders tied within the predictor's noise with the lowest
+    ``expected_regret`` (the predictor's, per order: step time / best - 1; see
+    `OrderPredictor.ranking`), or, when orders were checked by placement, the fastest
     checked one; ``tied``: the orders that are as good within noise ("any of"), ``order``
     first, and ``tie_margin`` how far apart they are at most (relative); ``probability``:
     the predictor's probability that ``order`` is the best; ``runner_up_regret``: the
@@ -146,16 +147,13 @@ def _recommend(g: OpGraph, placed: OpGraph | None, c: Cluster, *, predictor: str
     row |= structure_features(prepared, row, est, manifest)
     scores = est.scores(row)[0]  # once: every tree of the model runs here
     proba = softmax(scores)
-    regret = est._expected_regret(scores)
+    regret = est.regret_from_scores(scores)
     names = est.classes_.tolist()
     ranked = est.rank(scores)
     verified = placement = check_s = None
     if verify or budget is not None:
-        if verify:
-            candidates = est.shortlist(row, verify)[0]
-        else:  # the best fixed order first: checking never does worse than it
-            anchor = int(est.mean_regret_.argmin())
-            candidates = np.array([anchor, *(j for j in ranked if j != anchor)])
+        # The best fixed order first: checking never does worse than always using it.
+        candidates = est.shortlist(row, verify or len(names))[0]
         t0 = time.perf_counter()
         results = _check(training_graph(g) if placed is None else placed, c, names,
                          candidates, placer, seed, budget)

@@ -246,9 +246,10 @@ class OrderPredictor:
         """Expected regret (step time / best - 1) of each order for each row: the
         regressor's own prediction ``exp(predicted log-ratio) - 1``; for the classifier and
         the ranker ``P(best = c) @ regret_table_``."""
-        return self._expected_regret(self.scores(X))
+        return self.regret_from_scores(self.scores(X))
 
-    def _expected_regret(self, scores: np.ndarray) -> np.ndarray:
+    def regret_from_scores(self, scores: np.ndarray) -> np.ndarray:
+        """`expected_regret` from precomputed `scores`."""
         if self.kind == "regressor":
             return np.expm1(np.maximum(-scores * _REGRESSOR_TEMPERATURE, 0.0))
         return softmax(scores) @ self.regret_table_
@@ -262,7 +263,7 @@ class OrderPredictor:
 
     def rank(self, scores: np.ndarray) -> np.ndarray:
         """`ranking` from precomputed `scores`; see `tie_ranking`."""
-        return tie_ranking(self._expected_regret(scores), self.mean_regret_,
+        return tie_ranking(self.regret_from_scores(scores), self.mean_regret_,
                            self.tie_tolerance, scores)
 
     def shortlist(self, X: Features, k: int) -> np.ndarray:
