@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from travorder.api import recommend_order
+from travorder.errors import FormatError
 from travorder.predictor.active import bundled_model_dir
 from travorder.predictor.dataset import data_hash, design_matrix
 from travorder.predictor.model import MANIFEST, OrderPredictor
@@ -80,3 +81,33 @@ def test_shipped_model_records_its_evaluation_on_the_bundled_dataset():
     # The shipped method beats always using the best fixed order, held out by family.
     assert vs["mean_regret"] < vs["best_fixed_mean_regret"]
     assert np.isfinite(model.mean_regret_).all()
+
+
+def test_a_model_with_the_graph_network_ships_its_weights(small_dataset, tmp_path,
+                                                         monkeypatch):
+    pytest.importorskip("torch_geometric")
+    import travorder.predictor.train as train
+    from travorder.predictor.gnn import GNNParams
+
+    real = train.evaluate
+
+    def network_wins(data, kinds, params, **kw):  # make a variant with the network win
+        ev = real(data, kinds, params, **kw)
+        if not any(c.startswith("g_") for c in data.X.columns):
+            ev.table.loc[list(kinds), "mean_regret"] += 1.0
+        return ev
+
+    monkeypatch.setattr(train, "evaluate", network_wins)
+    out = tmp_path / "model"
+    res = train.train_predictor([small_dataset], out, kinds=("regressor",),
+                                params={"n_estimators": 5, "min_child_samples": 2},
+                                folds=2, gnn_params=GNNParams(epochs=1, hidden=8))
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert "gnn" in manifest["structure"] and (out / manifest["graph_net"]["file"]).exists()
+    model, _ = OrderPredictor.load(out)
+    assert model.graph_net_.orders == manifest["classes"]
+    rec = recommend_order("examples/resnet_small.onnx", predictor=str(out))
+    assert rec.order in manifest["classes"] and res.method.startswith("regressor(")
+    (out / manifest["graph_net"]["file"]).write_bytes(b"not an npz")
+    with pytest.raises(FormatError, match="broken graph network"):
+        OrderPredictor.load(out)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightgbm as lgb
 import numpy as np
@@ -26,8 +26,11 @@ from travorder.placement.orders import traversal_order
 from travorder.predictor.dataset import TrainingData, data_hash, design_matrix, prepared_graphs
 from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
 from travorder.predictor.model import KINDS, OrderPredictor, _sha256, tie_ranking
-from travorder.predictor.structure import BLOCKS, GraphNet, order_statistics
+from travorder.predictor.structure import BLOCKS, order_statistics
 from travorder.study.export import bundled_dataset, dataset_frame, load_dataset
+
+if TYPE_CHECKING:  # torch and torch-geometric are imported only to train the network
+    from travorder.predictor.gnn import TrainedGNN
 
 _KEY = ["graph_hash", "cluster", "placer", "config_hash"]
 
@@ -86,7 +89,7 @@ class Structure:
     and its held-out rankings, or why there are none."""
 
     columns: dict[str, pd.DataFrame]
-    net: Any = None
+    net: TrainedGNN | None = None
     gnn_ranking: np.ndarray | None = None
     missing: str = ""
 
@@ -115,13 +118,13 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
         C = data.X[cnames].to_numpy()
         fold = family_folds(data.family, folds)
 
-        def fit(rows: np.ndarray) -> GraphNet:
+        def fit(rows: np.ndarray) -> TrainedGNN:
             return fit_gnn(graphs, graph_of_row[rows], C[rows], log_ratio[rows], data.orders,
-                           cnames, gnn_params).numpy()
+                           cnames, gnn_params)
 
         held_out: list[dict[str, float]] = [{}] * len(T)
         for f in np.unique(fold):
-            net = fit(fold != f)
+            net = fit(fold != f).numpy()
             for gi in np.unique(graph_of_row[fold == f]):
                 rows = np.flatnonzero((fold == f) & (graph_of_row == gi))
                 feats = net.features(graphs[gi], [data.X.iloc[r][cnames] for r in rows])
