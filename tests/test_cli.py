@@ -391,12 +391,12 @@ def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_
     out = tmp_path / "model"
     code, text, err = run(capsys, "train", "--data", datasets["learnable"], "--out", str(out),
                           "--kinds", "classifier", "--use-as-default")
-    assert code == 0 and f"trained a classifier on {n} rows" in text, err
+    assert code == 0 and f"trained classifier on {n} rows" in text, err
     # progress: every fold of every kind, then the final fit
     assert [line for line in err.splitlines() if "fold" in line] == [
         f"classifier: fold {i}/5 (holding out {fam})" for i, fam in
         enumerate(["chain", "inception", "resnet", "rnn", "transformer"], 1)]
-    assert f"fitting the classifier on all {n} rows" in err and "warning" not in err
+    assert f"fitting classifier on all {n} rows" in err and "warning" not in err
     assert f"installed as the default model: {config_home}" in text
 
     code, text, _ = run(capsys, "model", "show")
@@ -430,12 +430,12 @@ def test_train_will_not_install_a_model_that_loses_to_a_fixed_order(capsys, data
     argv = ["train", "--data", datasets["fixed"], "--out", str(out), "--kinds", "classifier"]
     code, _, err = run(capsys, *argv, "--use-as-default")
     last = err.splitlines()[-1]
-    assert code == 2 and last.startswith("error: not installed as the default model: the "
+    assert code == 2 and last.startswith("error: not installed as the default model: "
                                          "classifier does not beat always-topo"), err
     assert "--force" in last and "Traceback" not in err
     assert (out / "manifest.json").exists() and not config_home.exists()
     code, _, err = run(capsys, *argv)  # not installing: a warning only
-    assert code == 0 and "warning: the classifier does not beat always-topo" in err
+    assert code == 0 and "warning: classifier does not beat always-topo" in err
     code, _, err = run(capsys, *argv, "--use-as-default", "--force")
     assert code == 0 and "warning:" in err and (config_home / "manifest.json").exists()
 

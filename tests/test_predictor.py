@@ -150,7 +150,7 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     with pytest.raises(TravorderError, match="a shortlist holds 1 to 3 orders, got 4"):
         recommend_order(onnx_model, predictor=model_dir, verify=4)
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
-    assert code == 0 and "checked by placement with greedy: " in out
+    assert code == 0 and "orders checked by placement with greedy" in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "-1")
     assert code == 2 and err.count("\n") == 1 and "a shortlist holds 1 to 3" in err
 
@@ -232,6 +232,26 @@ def test_recommend_path_never_imports_torch_or_the_training_libraries(model_dir,
     assert done.returncode == 0, done.stderr
 
 
+def test_shipped_model_recommends_a_2000_node_graph_without_torch(tmp_path):
+    # The shipped model may use the order statistics (networkx orders) and the graph
+    # network, whose forward pass runs in numpy.
+    from travorder.datasets.onnx_examples import transformer_stack
+
+    path = tmp_path / "big.onnx"
+    onnx.save(transformer_stack(n_layers=61), path)
+    heavy = ["torch", "torch_geometric", "lightgbm", "sklearn", "pandas", "scipy", "numba"]
+    code = ("import sys, json, io, contextlib; from travorder.cli import recommend_main; "
+            "out = io.StringIO()\n"
+            f"with contextlib.redirect_stdout(out): rc = recommend_main([{str(path)!r}, "
+            "'--json'])\n"
+            f"assert rc == 0; loaded = [m for m in {heavy!r} if m in sys.modules]; "
+            "assert not loaded, f'imported {loaded}'; "
+            "print(json.loads(out.getvalue())['n_nodes'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) >= 2000
+
+
 def test_follows_scikit_learn_parameter_conventions(frame):
     from sklearn.base import clone
 
@@ -279,3 +299,78 @@ def test_place_auto_says_how_the_order_was_chosen(model_dir, onnx_model):
     assert rec.verified[checked.order] == min(rec.verified.values())
     assert checked.to_dict()["recommendation"]["verified"] == rec.verified
     assert place(onnx_model, "k80x3", order="topo").recommendation is None
+
+
+def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_dir, onnx_model):
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir)
+    p, _ = OrderPredictor.load(model_dir)
+    low = min(rec.expected_regret.values())
+    assert rec.tied == [o for o in p.classes_[np.argsort(p.mean_regret_, kind="stable")]
+                        if rec.expected_regret[o] <= low + p.tie_tolerance][:len(rec.tied)]
+    assert set(rec.tied) == {o for o, r in rec.expected_regret.items()
+                             if r <= low + p.tie_tolerance}
+    assert rec.order == rec.tied[0] and rec.runner_up not in rec.tied
+    assert rec.confidence in ("high", "low") and rec.verified is None and not rec.exact
+
+
+def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_model):
+    from travorder.graph.onnx_import import read_onnx
+    from travorder.placement.placers import place_graph
+
+    full = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=60)
+    assert full.exact and sorted(full.verified) == sorted(ORDERS)
+    study_graph = training_graph(read_onnx(onnx_model))
+    want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
+    assert full.verified == pytest.approx(want) and want[full.order] == min(want.values())
+    assert full.confidence == "high" and full.check_s > 0
+    one = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
+    p, _ = OrderPredictor.load(model_dir)
+    assert list(one.verified) == [p.classes_[p.mean_regret_.argmin()]] and not one.exact
+    with pytest.raises(TravorderError, match="time budget must be"):
+        recommend_order(onnx_model, predictor=model_dir, budget=-1)
+
+
+def test_budget_on_the_command_line(capsys, model_dir, onnx_model):
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "60")
+    assert code == 0 and "exact: every order was checked by placement with greedy" in out
+    code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "-2")
+    assert code == 2 and err.count("\n") == 1 and "time budget" in err
+
+
+@pytest.mark.parametrize("check", [["--budget", "60"], ["--verify", "2"], []])
+def test_written_placement_has_the_checked_step_time(capsys, model_dir, onnx_model, tmp_path,
+                                                     check):
+    from travorder.graph import load_graph
+    from travorder.placement import simulate
+    from travorder.placement.clusters import load_cluster
+    from travorder.placement.placement_file import load_placement
+
+    out_path = tmp_path / "placement.json"
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--json", "--place",
+                        str(out_path), *check)
+    doc = json.loads(out)
+    graph = training_graph(load_graph(onnx_model))  # the graph the placement applies to
+    devices, _ = load_placement(out_path, graph)
+    step = simulate(graph, devices, load_cluster("k80x3")).step_time_us
+    assert code == 0 and doc["placement"]["step_time_us"] == pytest.approx(step)
+    if check:
+        assert doc["verified"][doc["order"]] == pytest.approx(step)
+    r = place(onnx_model, "k80x3", predictor=model_dir, verify=2 if check else 0)
+    assert r.step_time_us == pytest.approx(step)
+
+
+def test_warns_when_the_graph_lies_outside_the_training_data(capsys, model_dir, onnx_model,
+                                                             tmp_path):
+    import shutil
+
+    d = tmp_path / "narrow"
+    shutil.copytree(model_dir, d)
+    manifest = json.loads((d / MANIFEST).read_text())
+    manifest["feature_ranges"] = {"f_n_nodes": [1e5, 2e5], "c_n_devices": [1, 8]}
+    (d / MANIFEST).write_text(json.dumps(manifest))
+    rec = recommend_order(onnx_model, "k80x3", predictor=str(d))
+    assert rec.confidence == "low" and len(rec.warnings) == 1
+    assert rec.warnings[0].startswith("graph feature n_nodes = ")
+    assert "outside the training data's range [1e+05, 2e+05]" in rec.warnings[0]
+    code, out, _ = _run(capsys, onnx_model, "--predictor", str(d))
+    assert code == 0 and "warning: graph feature n_nodes" in out and "confidence low" in out

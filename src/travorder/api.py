@@ -11,7 +11,8 @@ True
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -23,23 +24,37 @@ from travorder.placement.clusters import Cluster, load_cluster
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
 from travorder.predictor.model import softmax
+from travorder.predictor.structure import structure_features
 
 if TYPE_CHECKING:
     from travorder.placement.placers import PlacementResult
+
+#: Checked orders within this relative gap of the fastest are tied with it, as in the
+#: study's datasets (`travorder.study.export.REL_TOL`).
+TIE_REL_TOL = 0.01
 
 
 @dataclass(frozen=True)
 class Recommendation:
     """The recommended traversal order for a graph on a cluster.
 
-    ``probability``: the predictor's probability that ``order`` is the best;
-    ``runner_up_regret``: the step-time regret expected if ``runner_up`` were used instead
-    (step time / best - 1; measured when both were checked by ``verify``);
-    ``expected_regret`` per order (the predictor's); ``contributions``: with
-    ``explain=True``, each feature's contribution to the predictor's top-ranked order,
-    largest first;
-    ``verified``: with ``verify=k``, the simulated step time (us) each order of the
-    predictor's shortlist of ``k`` reached (``order`` is then the fastest of them).
+    ``order``: the first of the orders tied within the predictor's noise with the lowest
+    ``expected_regret`` (the predictor's, per order: step time / best - 1; see
+    `OrderPredictor.ranking`), or, when orders were checked by placement, the fastest
+    checked one; ``tied``: the orders that are as good within noise ("any of"), ``order``
+    first, and ``tie_margin`` how far apart they are at most (relative); ``probability``:
+    the predictor's probability that ``order`` is the best; ``runner_up_regret``: the
+    regret of the next order outside the tied set (measured when both were checked);
+    ``confidence``: ``"high"`` or ``"low"`` (an unchecked recommendation whose
+    probability is under one half or whose graph or cluster lies outside the training
+    data); ``warnings``: the features outside the training data's range;
+    ``contributions``: with ``explain=True``, each feature's contribution to the
+    predictor's top-ranked order, largest first;
+    ``verified``: the simulated step time (us) of each order checked by placement
+    (``verify=k`` or ``budget=``), fastest first; ``exact``: every order was checked, so
+    ``order`` is the best of all for this placer and seed; ``check_s``: time spent checking.
+    ``placement``: the checked placement of ``order`` (of the training-step graph that
+    `place` and ``--place`` write), not part of `to_dict`.
     """
 
     order: str
@@ -53,11 +68,18 @@ class Recommendation:
     n_nodes: int
     cluster: str
     model: str
+    tied: list[str] = field(default_factory=list)
+    tie_margin: float = 0.0
+    confidence: str = "high"
+    warnings: list[str] = field(default_factory=list)
     contributions: dict[str, float] | None = None
     verified: dict[str, float] | None = None
+    exact: bool = False
+    check_s: float | None = None
+    placement: PlacementResult | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "placement"}
 
 
 def as_graph(model: Any, example_inputs: Any = None) -> OpGraph:
@@ -83,8 +105,8 @@ def as_graph(model: Any, example_inputs: Any = None) -> OpGraph:
 
 def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", *,
                     example_inputs: Any = None, predictor: str | None = None,
-                    explain: bool = False, verify: int = 0, placer: str = "greedy",
-                    seed: int = 0) -> Recommendation:
+                    explain: bool = False, verify: int = 0, budget: float | None = None,
+                    placer: str = "greedy", seed: int = 0) -> Recommendation:
     """Recommend the traversal order for placing ``model`` on ``cluster``.
 
     ``model``: a file (ONNX, travorder ``.json.gz``, dnn-partitioning JSON), an `OpGraph`,
@@ -92,32 +114,68 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     preset name, a cluster file or a `Cluster`. ``predictor``: a model directory (default:
     the active model, see `travorder.predictor.active`).
 
-    ``verify=k`` checks the predictor's shortlist of ``k`` orders (the best fixed order of
-    its training data, then the highest-ranked others; `OrderPredictor.shortlist`) by
-    placing the graph (as the study prepared it) with ``placer`` and simulating it, and
-    recommends the fastest: worth it when the placer is cheap (``greedy``: well under a
-    second per order on 1000 nodes), costly for ``rl``.
+    Checking by placement: ``budget=SECONDS`` places the model's training-step graph with
+    ``placer`` under the predictor's orders from the best ranked down (the best fixed
+    order of its training data first), as many as fit in the time budget (at least one),
+    simulates each and recommends the fastest; when every order fits the answer is
+    ``exact``. ``verify=k`` checks the predictor's shortlist of ``k`` orders instead. The
+    graph checked is the one `place` and ``recommend-order --place`` write a placement for
+    (the training-step graph, never coarsened), so the step time reported for the
+    recommended order is that of the placement they write.
     """
     g = as_graph(model, example_inputs)
-    c = load_cluster(cluster)
+    return _recommend(g, None, load_cluster(cluster), predictor=predictor,
+                      explain=explain, verify=verify, budget=budget, placer=placer, seed=seed)
+
+
+def _recommend(g: OpGraph, placed: OpGraph | None, c: Cluster, *, predictor: str | None,
+               explain: bool = False, verify: int = 0, budget: float | None = None,
+               placer: str = "greedy", seed: int = 0) -> Recommendation:
+    """`recommend_order` for graph ``g`` whose placements are of ``placed`` (default: its
+    training-step graph)."""
+    if budget is not None and not budget >= 0:
+        raise TravorderError(f"the time budget must be a number of seconds >= 0, not {budget}")
+    if budget is not None and verify:
+        raise TravorderError("give a time budget or a shortlist size, not both")
     est, manifest, description = load_predictor(predictor)
     # Features of the graph as the study that trained the predictor placed it.
-    prepared = prepare_graph(g, manifest.get("training", True),
+    training = manifest.get("training", True)
+    prepared = prepare_graph(placed if training and placed is not None else g, training,
                              manifest.get("coarsen_max_nodes", 0))
     row = feature_row(graph_features(prepared), c)
+    warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
+    row |= structure_features(prepared, row, est, manifest)
     scores = est.scores(row)[0]  # once: every tree of the model runs here
     proba = softmax(scores)
-    regret = proba @ est.regret_table_  # as OrderPredictor.expected_regret
+    regret = est.regret_from_scores(scores)
     names = est.classes_.tolist()
-    ranked = np.argsort(-scores, kind="stable")
-    verified = None
-    if verify:
-        shortlist = est.shortlist(row, verify)[0]
-        ranked, verified = _verify(prepared, c, names, shortlist, ranked, placer, seed)
-    best, second = int(ranked[0]), int(ranked[1])
+    ranked = est.rank(scores)
+    verified = placement = check_s = None
+    if verify or budget is not None:
+        # The best fixed order first: checking never does worse than always using it.
+        candidates = est.shortlist(row, verify or len(names))[0]
+        t0 = time.perf_counter()
+        results = _check(training_graph(g) if placed is None else placed, c, names,
+                         candidates, placer, seed, budget)
+        check_s = time.perf_counter() - t0
+        checked = sorted(results, key=lambda j: (not results[j].feasible,
+                                                 results[j].step_time_us))
+        ranked = np.array([*checked, *(j for j in ranked if j not in results)])
+        verified = {names[j]: float(results[j].step_time_us) for j in checked}
+        placement = results[checked[0]]
+        fastest = results[checked[0]].step_time_us
+        tied = [j for j in checked if results[j].feasible == placement.feasible
+                and results[j].step_time_us <= fastest * (1 + TIE_REL_TOL)]
+        margin = results[tied[-1]].step_time_us / fastest - 1.0
+    else:
+        tied = [j for j in ranked if regret[j] <= regret.min() + est.tie_tolerance]
+        margin = float(regret[tied].max() - regret[tied].min())
+    best = int(ranked[0])
+    second = next((int(j) for j in ranked if j not in tied), int(ranked[1]))
     runner_up_regret = float(regret[second])
     if verified is not None and names[second] in verified:
         runner_up_regret = verified[names[second]] / verified[names[best]] - 1.0
+    low = verified is None and (bool(warnings) or proba[best] < 0.5)
     contributions = None
     if explain:
         contrib = est.explain(row)[0]
@@ -129,28 +187,56 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
         probabilities=dict(zip(names, proba.tolist(), strict=True)),
         expected_regret=dict(zip(names, regret.tolist(), strict=True)),
         graph=g.name, n_nodes=g.n_nodes, cluster=c.name, model=description,
-        contributions=contributions, verified=verified)
+        tied=[names[j] for j in tied], tie_margin=margin,
+        confidence="low" if low else "high", warnings=warnings,
+        contributions=contributions, verified=verified,
+        exact=verified is not None and len(verified) == len(names), check_s=check_s,
+        placement=placement)
 
 
-def _verify(graph: OpGraph, cluster: Cluster, names: list[str], shortlist: np.ndarray,
-            ranked: np.ndarray, placer: str, seed: int) -> tuple[np.ndarray, dict[str, float]]:
-    """Place ``graph`` with the ``shortlist`` orders; return the ranking with the checked
-    orders first, fastest (feasible) first, and each checked order's step time."""
+def _outside_training_range(row: dict[str, float], ranges: dict[str, list[float]]
+                            ) -> list[str]:
+    """One line per feature of ``row`` outside the ``[min, max]`` of the training data,
+    the farthest out (relative to the range) first."""
+    out = []
+    for name, (lo, hi) in ranges.items():
+        x = row.get(name)
+        if x is None or lo <= x <= hi:
+            continue
+        out.append((max(lo - x, x - hi) / max(hi - lo, 1e-12),
+                    f"{'graph' if name.startswith('f_') else 'cluster'} feature "
+                    f"{name[2:]} = {x:.4g} is outside the training data's range "
+                    f"[{lo:.4g}, {hi:.4g}]"))
+    return [text for _, text in sorted(out, key=lambda t: -t[0])]
+
+
+def _check(graph: OpGraph, cluster: Cluster, names: list[str], candidates: np.ndarray,
+           placer: str, seed: int, budget: float | None) -> dict[int, PlacementResult]:
+    """Place ``graph`` with the ``candidates`` orders in turn: all of them, or with a
+    ``budget`` (seconds) as many as fit. The first always runs; it also loads the compiled
+    simulator, so the next one runs if any budget is left, and after that an order runs
+    if the time the last one took still fits."""
     from travorder.placement.placers import place_graph
 
-    results = {int(j): place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
-               for j in shortlist}
-    checked = sorted(results, key=lambda j: (not results[j].feasible, results[j].step_time_us))
-    ranked = np.array([*checked, *(j for j in ranked if j not in results)])
-    return ranked, {names[j]: float(results[j].step_time_us) for j in checked}
+    results: dict[int, PlacementResult] = {}
+    t0 = last = time.perf_counter()
+    for j in candidates:
+        now = time.perf_counter()
+        if results and budget is not None and (
+                now - t0 >= budget or (len(results) > 1 and 2 * now - last - t0 > budget)):
+            break
+        last = now
+        results[int(j)] = place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
+    return results
 
 
 def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str = "auto",
           placer: str = "greedy", *, seed: int = 0, example_inputs: Any = None,
           training: bool = True, predictor: str | None = None, verify: int = 0,
-          **options: Any) -> PlacementResult:
+          budget: float | None = None, **options: Any) -> PlacementResult:
     """Place ``model`` on ``cluster``; ``order="auto"`` uses the recommended order (checked
-    by placement over a shortlist of ``verify`` orders, see `recommend_order`), and the
+    by placement over a shortlist of ``verify`` orders or for ``budget`` seconds, see
+    `recommend_order`; the checked placement is returned as it was measured), and the
     result's ``recommendation`` says which order won, with what probability, and the step
     time of each order checked.
 
@@ -165,11 +251,14 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
 
     g = as_graph(model, example_inputs)
     c = load_cluster(cluster)
+    placed = training_graph(g) if training else g
     rec = None
     if order == "auto":
-        rec = recommend_order(g, c, predictor=predictor, verify=verify, placer=placer,
-                              seed=seed)
+        rec = _recommend(g, placed, c, predictor=predictor, verify=verify, budget=budget,
+                         placer=placer, seed=seed)
+        if rec.placement is not None and not options:  # checked: the same placement
+            return replace(rec.placement, recommendation=rec)
         order = rec.order
-    result = place_graph(training_graph(g) if training else g, c, placer=placer, order=order,
-                         seed=seed, floor=True, **options)
+    result = place_graph(placed, c, placer=placer, order=order, seed=seed, floor=True,
+                         **options)
     return result if rec is None else replace(result, recommendation=rec)

@@ -478,11 +478,12 @@ def cmd_train(args: argparse.Namespace) -> None:
     res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
                           progress=progress)
     _print_evaluation(res.evaluation, per_family=False)
-    print(f"trained a {res.kind} on {len(res.frame)} rows; wrote {args.out}")
+    print(res.comparison)
+    print(f"trained {res.method} on {len(res.frame)} rows; wrote {args.out}")
     if not res.beats_fixed:
         table, fixed = res.evaluation.table, res.evaluation.best_fixed
-        worse = (f"the {res.kind} does not beat {fixed} on its own leave-family-out "
-                 f"evaluation (mean regret {100 * table.loc[res.kind, 'mean_regret']:.2f}% "
+        worse = (f"{res.method} does not beat {fixed} on its own held-out evaluation "
+                 f"(mean regret {100 * table.loc[res.method, 'mean_regret']:.2f}% "
                  f"vs {100 * table.loc[fixed, 'mean_regret']:.2f}%)")
         if args.use_as_default and not args.force:
             raise TravorderError(f"not installed as the default model: {worse}; "
@@ -761,14 +762,16 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     g = _load(args.model, training=True)  # expanded once, for the features and the placer
     cluster = load_cluster(args.cluster)
     rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain,
-                          verify=args.verify, placer=args.placer, seed=args.seed)
+                          verify=args.verify, budget=args.budget, placer=args.placer,
+                          seed=args.seed)
     placed = None
     if args.place:
         from travorder.placement.placement_file import placement_doc
         from travorder.placement.placers import place_graph
 
-        placed = place_graph(g, cluster, placer=args.placer, order=rec.order, seed=args.seed,
-                             floor=True)
+        # A checked placement is written as it was measured.
+        placed = rec.placement or place_graph(g, cluster, placer=args.placer,
+                                              order=rec.order, seed=args.seed, floor=True)
         _write_json(args.place, placement_doc(placed, g, cluster))
     if args.json:
         doc = rec.to_dict()
@@ -783,14 +786,29 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     forward = int((~g.is_backward).sum())
     print(f"{rec.graph} ({forward} forward ops, placed as a {rec.n_nodes}-node training "
           f"step) on {rec.cluster}")
-    print(f"recommended order: {rec.order}  (probability {rec.probability:.2f})")
-    how = "regret if used" if rec.verified and rec.runner_up in rec.verified \
-        else "expected regret if used"
-    print(f"runner-up:         {rec.runner_up}  (probability {rec.runner_up_probability:.2f}, "
-          f"{how}: {100 * rec.runner_up_regret:.1f}%)")
-    if rec.verified is not None:
-        checked = ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in rec.verified.items())
-        print(f"checked by placement with {args.placer}: {checked}")
+    checked = rec.verified is not None
+    if len(rec.tied) > 1:
+        what = "measured" if checked else "predicted"
+        print(f"recommended order: any of {', '.join(rec.tied)}: {what} within "
+              f"{100 * rec.tie_margin:.1f}% of each other (first: {rec.order})")
+    else:
+        print(f"recommended order: {rec.order}")
+    if checked:
+        how = "exact: every order was checked" if rec.exact else \
+            f"fastest of {len(rec.verified)} of {len(rec.expected_regret)} orders checked"
+        print(f"  {how} by placement with {args.placer} in {rec.check_s:.2f} s")
+        print("  checked: " + ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in
+                                        rec.verified.items()))
+    else:
+        print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
+              f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")
+    how = "measured regret" if checked and rec.runner_up in rec.verified \
+        else "expected regret" + (", not checked" if checked else "")
+    print(f"runner-up:         {rec.runner_up}  ({how} {100 * rec.runner_up_regret:.1f}%)")
+    for line in rec.warnings[:3]:
+        print(f"warning: {line}")
+    if len(rec.warnings) > 3:
+        print(f"warning: and {len(rec.warnings) - 3} more features outside the training range")
     if rec.contributions is not None:
         print("features that drove it (contribution to the score):")
         for name, value in list(rec.contributions.items())[:args.top]:
@@ -818,15 +836,22 @@ def recommend_parser() -> argparse.ArgumentParser:
                         help="show the features that drove the recommendation")
     parser.add_argument("--top", type=int, default=8, help="features shown by --explain")
     parser.add_argument("--place", metavar="OUT",
-                        help="also place the model with the recommended order; write JSON")
-    parser.add_argument("--verify", type=int, default=0, metavar="K",
-                        help="place the model in the simulator with a shortlist of K "
-                             "orders (the best fixed order, then the highest-ranked) and "
-                             "recommend the fastest (default 0: no check)")
+                        help="also place the model with the recommended order; write JSON "
+                             "(with --budget or --verify: the checked placement)")
+    check = parser.add_mutually_exclusive_group()
+    check.add_argument("--budget", type=float, metavar="SECONDS",
+                       help="check the predictor's best-ranked orders by placement (the "
+                            "best fixed order first) for up to SECONDS and recommend the "
+                            "fastest; exact when every order fits")
+    check.add_argument("--verify", type=int, default=0, metavar="K",
+                       help="place the model in the simulator with a shortlist of K "
+                            "orders (the best fixed order, then the highest-ranked) and "
+                            "recommend the fastest (default 0: no check)")
     parser.add_argument("--placer", default="greedy",
-                        help="placer for --place and --verify (default: greedy; rl for the "
-                             "RL placer)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for --place and --verify")
+                        help="placer for --place, --budget and --verify (default: greedy; "
+                             "rl for the RL placer)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed for --place, --budget and --verify")
     parser.add_argument("--predictor", metavar="DIR",
                         help="predictor directory (default: the active model)")
     return parser

@@ -23,6 +23,8 @@ from travorder.placement.clusters import Cluster, load_cluster
 if TYPE_CHECKING:  # pandas is imported where frames are built: recommending needs none
     import pandas as pd
 
+    from travorder.graph import OpGraph
+
 TIME_PREFIX = "time_"
 
 
@@ -99,3 +101,28 @@ def feature_row(graph_feats: dict[str, float], cluster: Cluster) -> dict[str, fl
     """One design-matrix row by column name: graph features ``f_`` and the cluster's ``c_``
     columns (`OrderPredictor` takes it as a one-row feature matrix)."""
     return {f"f_{k}": v for k, v in graph_feats.items()} | cluster_columns(cluster)
+
+
+def prepared_graphs(frame: pd.DataFrame, corpus_dir: str | None = None
+                    ) -> tuple[list[OpGraph], np.ndarray]:
+    """The graphs a study placed for the rows of its dataset: ``(graphs, graph_of_row)``.
+
+    Each row's graph is looked up in the corpus (the bundled one unless ``corpus_dir``) by
+    ``graph_hash`` and prepared as the row's ``training`` and ``coarsen_max_nodes`` say.
+    """
+    from travorder.datasets.corpus import load_corpus
+    from travorder.graph import prepare_graph
+
+    by_hash = {g.graph_hash: g for g in load_corpus(corpus_dir=corpus_dir)}
+    missing = sorted(set(frame["graph_hash"]) - set(by_hash))
+    if missing:
+        name = frame.loc[frame["graph_hash"] == missing[0], "graph"].iloc[0] \
+            if "graph" in frame.columns else missing[0]
+        raise TravorderError(f"{len(missing)} graphs of the dataset are not in the corpus "
+                             f"(e.g. {name!r}); give the corpus they came from")
+    keys = list(zip(frame["graph_hash"], frame.get("training", True),
+                    frame.get("coarsen_max_nodes", 0), strict=True))
+    unique = list(dict.fromkeys(keys))
+    graphs = [prepare_graph(by_hash[h], bool(t), int(c)) for h, t, c in unique]
+    index = {k: i for i, k in enumerate(unique)}
+    return graphs, np.array([index[k] for k in keys], dtype=np.int64)

@@ -4,7 +4,7 @@ Each family of graphs is held out in turn; the predictor is trained on the other
 recommends an order for every held-out row. Per method:
 
 - ``top1``: the recommended order is the best or tied with it (ties from the dataset);
-- ``top2``: one of the two highest-scored orders is;
+- ``top2``: one of the two highest-ranked orders (lowest expected regret) is;
 - ``regret``: step time with the recommended order / best step time - 1, as the mean,
   the 90th percentile and the mean per family.
 
@@ -55,14 +55,25 @@ def _metrics(regret: np.ndarray, hit1: np.ndarray, hit2: np.ndarray) -> dict[str
             "p90_regret": float(np.quantile(regret, 0.9))}
 
 
+def family_folds(family: np.ndarray, folds: int | None = None) -> np.ndarray:
+    """Fold number per row: each family its own fold (``folds=None``), or the families in
+    name order dealt round-robin into ``folds`` folds."""
+    names, index = np.unique(family, return_inverse=True)
+    return index if folds is None else index % max(1, min(folds, names.size))
+
+
 def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
              params: Mapping[str, Any] | None = None,
-             verify: Iterable[int] = (2, 3),
+             verify: Iterable[int] = (2, 3), folds: int | None = None,
+             rankings: Mapping[str, np.ndarray] | None = None,
              progress: Callable[[str], None] | None = None) -> Evaluation:
     """Leave-family-out evaluation of each predictor kind and the baselines, and of
-    shortlists of ``verify`` orders checked by placement. ``progress`` gets a line before
-    each fold of each kind."""
+    shortlists of ``verify`` orders checked by placement; ``folds``: hold out that many
+    groups of families in turn instead of one family at a time (`family_folds`).
+    ``rankings``: other methods' held-out rankings (per row, order indices from best to
+    worst), reported beside them. ``progress`` gets a line before each fold of each kind."""
     params = dict(params or {})
+    fold = family_folds(data.family, folds)
     verify = tuple(verify)
     orders = np.array(data.orders)
     T = data.times.to_numpy()
@@ -90,23 +101,26 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
     for kind in kinds:
         ranked = np.zeros((n, k), dtype=int)
         shortlists = np.zeros((n, longest), dtype=int)
-        families = np.unique(data.family)
-        for i, fam in enumerate(families):
+        fold_ids = np.unique(fold)
+        for i, f in enumerate(fold_ids):
+            test = fold == f
             if progress is not None:
-                progress(f"{kind}: fold {i + 1}/{families.size} (holding out {fam})")
-            test = data.family == fam
+                held = ", ".join(sorted(set(data.family[test])))
+                progress(f"{kind}: fold {i + 1}/{fold_ids.size} (holding out {held})")
             model = OrderPredictor(kind, **params).fit(data.X[~test], data.times[~test])
-            ranked[test] = np.argsort(-model.scores(data.X[test]), axis=1, kind="stable")
+            ranked[test] = model.ranking(data.X[test])
             shortlists[test] = model.shortlist(data.X[test], longest)
         record(kind, ranked[:, 0], ranked[:, 1])
         record_verified(f"{kind}+verify", shortlists)
 
+    for name, ranking in (rankings or {}).items():
+        record(name, ranking[:, 0], ranking[:, 1])
     for j, o in enumerate(orders):
         record(f"always-{o}", np.full(n, j), np.full(n, j))
     by_frequency = np.zeros((n, k), dtype=int)
     best = T.argmin(axis=1)
-    for fam in np.unique(data.family):
-        test = data.family == fam
+    for f in np.unique(fold):
+        test = fold == f
         counts = np.bincount(best[~test], minlength=k) if np.any(~test) else np.ones(k)
         by_frequency[test] = np.argsort(-counts, kind="stable")
     record("most-frequent", by_frequency[:, 0], by_frequency[:, 0])

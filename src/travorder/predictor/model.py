@@ -15,9 +15,13 @@ Three kinds share the interface, so they can be compared on the same folds:
 and the ranker, a softmax of their scores). ``expected_regret`` turns probabilities into
 the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
 ``regret_table_[c, o]`` is the mean regret of order ``o`` on training rows whose best
-order was ``c``. ``shortlist`` gives the orders worth checking by placement: the best
-fixed order of the training data (lowest ``mean_regret_``) first, then the others by
-score, so that keeping the fastest of them is never worse than that fixed order.
+order was ``c``; the regressor predicts it directly (``exp(predicted log-ratio) - 1``).
+Recommendations go by expected regret (`ranking`): the recommended order is within
+``tie_tolerance`` (2 %) of the lowest figure printed, and among the orders that close
+(tied within the predictor's noise) the one with the lowest mean regret on the training
+data. ``shortlist`` gives the orders worth checking by placement: the
+best fixed order of the training data (lowest ``mean_regret_``) first, then the others by
+expected regret, so that keeping the fastest of them is never worse than that fixed order.
 
 Saved as LightGBM text models plus a JSON manifest (``save`` / ``load``); loading never
 unpickles and checks the feature schema and that manifest and models agree. Predicting
@@ -57,6 +61,19 @@ FORMAT_VERSION = 1
 _REGRESSOR_TEMPERATURE = 0.05
 
 
+def tie_ranking(regret: np.ndarray, safety: np.ndarray, tolerance: float,
+                scores: np.ndarray | None = None) -> np.ndarray:
+    """Orders from best to worst (per row of ``regret``, the expected regret per order):
+    first the orders within ``tolerance`` of the lowest expected regret (tied within the
+    predictor's noise), safest first (lowest ``safety``: the mean regret on the training
+    data), then the others by expected regret; remaining ties by higher ``scores``, then
+    by index."""
+    tied = regret <= regret.min(axis=-1, keepdims=True) + tolerance
+    keys = (regret if scores is None else -scores, regret,
+            np.where(tied, np.broadcast_to(safety, regret.shape), np.inf))
+    return np.lexsort(keys, axis=-1)
+
+
 def softmax(scores: np.ndarray) -> np.ndarray:
     """Softmax over the last axis: per-order scores to probabilities."""
     z = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -77,8 +94,10 @@ class OrderPredictor:
 
     def __init__(self, kind: str = "classifier", *, n_estimators: int = 200,
                  learning_rate: float = 0.05, num_leaves: int = 15,
-                 min_child_samples: int = 5, random_state: int = 0) -> None:
+                 min_child_samples: int = 5, random_state: int = 0,
+                 tie_tolerance: float = 0.02) -> None:
         self.kind = kind
+        self.tie_tolerance = tie_tolerance
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate
         self.num_leaves = num_leaves
@@ -221,13 +240,33 @@ class OrderPredictor:
         return softmax(self.scores(X))
 
     def predict(self, X: Features) -> np.ndarray:
-        """The recommended order for each row."""
-        best = self.scores(X).argmax(axis=1)
+        """The recommended order for each row: the first of `ranking`."""
+        best = self.ranking(X)[:, 0]
         return self.classes_[best]
 
     def expected_regret(self, X: Features) -> np.ndarray:
-        """Expected regret (step time / best - 1) of each order for each row."""
-        return self.predict_proba(X) @ self.regret_table_
+        """Expected regret (step time / best - 1) of each order for each row: the
+        regressor's own prediction ``exp(predicted log-ratio) - 1``; for the classifier and
+        the ranker ``P(best = c) @ regret_table_``."""
+        return self.regret_from_scores(self.scores(X))
+
+    def regret_from_scores(self, scores: np.ndarray) -> np.ndarray:
+        """`expected_regret` from precomputed `scores`."""
+        if self.kind == "regressor":
+            return np.expm1(np.maximum(-scores * _REGRESSOR_TEMPERATURE, 0.0))
+        return softmax(scores) @ self.regret_table_
+
+    def ranking(self, X: Features) -> np.ndarray:
+        """Per row, the orders (indices into ``classes_``) from best to worst: the orders
+        within ``tie_tolerance`` of the lowest expected regret first, the one with the lowest
+        mean regret on the training rows (the safest) leading, then the others by expected
+        regret (`tie_ranking`). What `predict`, `shortlist` and recommendations go by."""
+        return self.rank(self.scores(X))
+
+    def rank(self, scores: np.ndarray) -> np.ndarray:
+        """`ranking` from precomputed `scores`; see `tie_ranking`."""
+        return tie_ranking(self.regret_from_scores(scores), self.mean_regret_,
+                           self.tie_tolerance, scores)
 
     def shortlist(self, X: Features, k: int) -> np.ndarray:
         """Per row, ``k`` orders to check by placement (indices into ``classes_``): the
@@ -235,9 +274,10 @@ class OrderPredictor:
         self._check_fitted()
         if not 1 <= k <= self.classes_.size:
             raise TravorderError(f"a shortlist holds 1 to {self.classes_.size} orders, got {k}")
-        scores = self.scores(X)
-        scores[:, self.mean_regret_.argmin()] = np.inf
-        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+        ranked = self.ranking(X)
+        anchor = self.mean_regret_.argmin()
+        rest = ranked[ranked != anchor].reshape(ranked.shape[0], -1)
+        return np.column_stack([np.full(ranked.shape[0], anchor), rest])[:, :k]
 
     def explain(self, X: Features) -> np.ndarray:
         """Per-feature contributions (LightGBM SHAP values) to the recommended order's score:
@@ -331,6 +371,14 @@ class OrderPredictor:
                 p.models_.append(TreeEnsemble(data.decode()))
             except (FormatError, UnicodeDecodeError) as exc:
                 raise FormatError(f"{d / f}: broken LightGBM model ({exc})") from None
+        net = doc.get("graph_net")
+        if net is not None:
+            from travorder.predictor.structure import GraphNet
+
+            try:
+                p.graph_net_ = GraphNet.load(d / net["file"], net["sha256"])
+            except (KeyError, TypeError):
+                raise FormatError(f"{d / MANIFEST}: broken graph network entry") from None
         p._check_consistent(d)
         return p, doc
 

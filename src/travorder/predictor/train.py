@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightgbm as lgb
 import numpy as np
@@ -22,10 +22,15 @@ import pandas as pd
 from travorder import __version__
 from travorder.errors import TravorderError
 from travorder.featurize import FEATURE_SCHEMA_VERSION
-from travorder.predictor.dataset import data_hash, design_matrix
-from travorder.predictor.evaluate import Evaluation, evaluate
-from travorder.predictor.model import KINDS, OrderPredictor
+from travorder.placement.orders import traversal_order
+from travorder.predictor.dataset import TrainingData, data_hash, design_matrix, prepared_graphs
+from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
+from travorder.predictor.model import KINDS, OrderPredictor, _sha256, tie_ranking
+from travorder.predictor.structure import BLOCKS, order_statistics
 from travorder.study.export import bundled_dataset, dataset_frame, load_dataset
+
+if TYPE_CHECKING:  # torch and torch-geometric are imported only to train the network
+    from travorder.predictor.gnn import TrainedGNN
 
 _KEY = ["graph_hash", "cluster", "placer", "config_hash"]
 
@@ -56,19 +61,22 @@ def deduplicate(frame: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class TrainResult:
-    """The fitted predictor, the chosen kind, the evaluation and the training rows."""
+    """The fitted predictor, the chosen method (kind and feature blocks), the evaluation,
+    the training rows and a line comparing the chosen method with the best fixed order."""
 
     predictor: OrderPredictor
     kind: str
     evaluation: Evaluation
     frame: pd.DataFrame
+    method: str = ""
+    comparison: str = ""
 
     @property
     def beats_fixed(self) -> bool:
-        """Whether the chosen kind's leave-family-out mean regret is below the best fixed
+        """Whether the chosen method's held-out mean regret is below the best fixed
         order's: if not, always using that order does at least as well."""
         table = self.evaluation.table
-        return bool(table.loc[self.kind, "mean_regret"]
+        return bool(table.loc[self.method or self.kind, "mean_regret"]
                     < table.loc[self.evaluation.best_fixed, "mean_regret"])
 
 
@@ -82,14 +90,88 @@ def _one_value(frame: pd.DataFrame, column: str, default: Any) -> Any:
     return values[0].item() if isinstance(values[0], np.generic) else values[0]
 
 
+@dataclass
+class Structure:
+    """Extra feature columns per block (the graph network's held out: each fold's rows
+    scored by a network trained without them), the graph network trained on every row
+    and its held-out rankings, or why there are none."""
+
+    columns: dict[str, pd.DataFrame]
+    net: TrainedGNN | None = None
+    gnn_ranking: np.ndarray | None = None
+    missing: str = ""
+
+
+def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | None,
+                      corpus_dir: str | None = None, gnn_params: Any = None,
+                      tie_tolerance: float = 0.02) -> Structure:
+    """The `travorder.predictor.structure` blocks ``blocks`` for the rows of ``data``."""
+    if not blocks:
+        return Structure({})
+    try:
+        graphs, graph_of_row = prepared_graphs(data.frame, corpus_dir)
+    except TravorderError as exc:
+        return Structure({}, missing=str(exc))
+    out = Structure({})
+    if "order_stats" in blocks:
+        stats = [order_statistics(g, {o: traversal_order(g, o) for o in data.orders})
+                 for g in graphs]
+        out.columns["order_stats"] = pd.DataFrame([stats[i] for i in graph_of_row])
+    if "gnn" in blocks:
+        from travorder.predictor.gnn import fit_gnn
+
+        T = data.times.to_numpy()
+        log_ratio = np.log(T / T.min(axis=1, keepdims=True))
+        cnames = [c for c in data.X.columns if c.startswith("c_")]
+        C = data.X[cnames].to_numpy()
+        fold = family_folds(data.family, folds)
+
+        def fit(rows: np.ndarray) -> TrainedGNN:
+            return fit_gnn(graphs, graph_of_row[rows], C[rows], log_ratio[rows], data.orders,
+                           cnames, gnn_params)
+
+        held_out: list[dict[str, float]] = [{}] * len(T)
+        for f in np.unique(fold):
+            net = fit(fold != f).numpy()
+            for gi in np.unique(graph_of_row[fold == f]):
+                rows = np.flatnonzero((fold == f) & (graph_of_row == gi))
+                feats = net.features(graphs[gi], [data.X.iloc[r][cnames] for r in rows])
+                for r, x in zip(rows, feats, strict=True):
+                    held_out[r] = x
+        cols = pd.DataFrame(held_out)
+        out.columns["gnn"] = cols
+        # The network alone, ranked as `OrderPredictor` ranks (its scores are log-ratios).
+        regret = np.expm1(np.maximum(cols[[f"g_{o}" for o in data.orders]].to_numpy(), 0))
+        safety = np.zeros_like(regret)
+        for f in np.unique(fold):
+            safety[fold == f] = (np.exp(log_ratio[fold != f]) - 1).mean(axis=0)
+        out.gnn_ranking = tie_ranking(regret, safety, tie_tolerance)
+        out.net = fit(np.ones(len(T), dtype=bool))
+    return out
+
+
+def _variants(blocks: Sequence[str]) -> list[tuple[str, ...]]:
+    """Feature-block combinations to compare: none, each alone, all together."""
+    combos = [(), *((b,) for b in blocks)]
+    return [*combos, tuple(blocks)] if len(blocks) > 1 else combos
+
+
 def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
                     *, placer: str | None = None, kinds: Sequence[str] = KINDS,
                     params: dict[str, Any] | None = None,
+                    structure: Sequence[str] = BLOCKS, folds: int | None = 10,
+                    corpus_dir: str | None = None, gnn_params: Any = None,
                     progress: Callable[[str], None] | None = None) -> TrainResult:
-    """Merge ``sources``, evaluate ``kinds``, fit the best on everything, save to ``out``.
+    """Merge ``sources``, evaluate ``kinds`` with and without the ``structure`` feature
+    blocks (`travorder.predictor.structure`: order statistics, the graph network), fit
+    the method with the lowest held-out mean regret on everything, save to ``out``.
 
     ``placer``: whose results to learn from (default: the only placer in the data).
-    ``progress``: gets a line per fold of each kind evaluated, and before the final fit.
+    ``folds``: family-grouped folds of the evaluation (None: one family per fold).
+    The structure blocks need the graphs the study placed: found by ``graph_hash`` in the
+    corpus (``corpus_dir``, default the bundled one); without them the blocks are skipped
+    and the manifest says why. ``progress``: gets a line per fold of each kind and
+    feature set evaluated, and before the final fit.
     """
     if Path(out).exists() and not Path(out).is_dir():
         raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
@@ -108,20 +190,80 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     if len(np.unique(data.family)) < 2:
         raise TravorderError("leave-family-out evaluation needs at least two families")
     params = dict(params or {})
-    ev = evaluate(data, kinds, params, progress=progress)
-    kind = str(ev.table.loc[list(kinds), "mean_regret"].idxmin())
+    extra = structure_columns(data, structure, folds, corpus_dir, gnn_params,
+                              OrderPredictor(**params).tie_tolerance)
+    blocks = [b for b in structure if b in extra.columns]
+    tables, per_family = [], []
+    for combo in _variants(blocks):
+        X = pd.concat([data.X, *(extra.columns[b] for b in combo)], axis=1)
+        rankings = {"graph_net": extra.gnn_ranking} \
+            if not combo and extra.gnn_ranking is not None else None
+        if progress is not None:
+            progress(f"features: graph{''.join(' + ' + b for b in combo)}")
+        ev = evaluate(replace(data, X=X), kinds, params, folds=folds, rankings=rankings,
+                      progress=progress)
+        rename = {m: _method(m, combo) for m in ev.table.index if _learned(m, kinds)}
+        tables.append(ev.table.rename(index=rename) if combo else ev.table)
+        per_family.append(ev.per_family.rename(index=rename) if combo else ev.per_family)
+        if combo:  # the baselines once
+            keep = list(rename.values())
+            tables[-1], per_family[-1] = tables[-1].loc[keep], per_family[-1].loc[keep]
+    ev = Evaluation(pd.concat(tables), pd.concat(per_family), ev.best_fixed)
+    candidates = {_method(k, combo): (k, combo) for combo in _variants(blocks) for k in kinds}
+    method = str(ev.table.loc[list(candidates), "mean_regret"].idxmin())
+    kind, combo = candidates[method]
+    X = pd.concat([data.X, *(extra.columns[b] for b in combo)], axis=1)
     if progress is not None:
-        progress(f"fitting the {kind} on all {len(frame)} rows")
-    model = OrderPredictor(kind, **params).fit(data.X, data.times)
-    why = ("lowest leave-family-out mean regret: " + ", ".join(
-        f"{k} {ev.table.loc[k, 'mean_regret']:.4f}" for k in kinds)
-        + f"; best fixed order {ev.best_fixed} {ev.table.loc[ev.best_fixed, 'mean_regret']:.4f}")
+        progress(f"fitting {method} on all {len(frame)} rows")
+    model = OrderPredictor(kind, **params).fit(X, data.times)
+    t = ev.table
+    best_fixed = float(t.loc[ev.best_fixed, "mean_regret"])
+    chosen = float(t.loc[method, "mean_regret"])
+    comparison = (f"held-out mean regret: {method} {100 * chosen:.2f}% against the best fixed "
+                  f"order ({ev.best_fixed.removeprefix('always-')}) {100 * best_fixed:.2f}%; "
+                  + ("better" if chosen < best_fixed else "NOT better")
+                  + f"; worst family {100 * t.loc[method, 'worst_family_excess']:+.1f}% "
+                  "against it")
+    why = ("lowest held-out mean regret: " + ", ".join(
+        f"{m} {t.loc[m, 'mean_regret']:.4f}" for m in candidates)
+        + f"; best fixed order {ev.best_fixed} {best_fixed:.4f}")
+    if extra.missing:
+        why += f"; no structure features ({extra.missing})"
+    manifest: dict[str, Any] = {}
+    if "gnn" in combo:
+        from travorder.predictor.gnn import export_weights
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        export_weights(extra.net, Path(out) / GNN_FILE)
+        manifest["graph_net"] = {"file": GNN_FILE, "sha256": _sha256(Path(out) / GNN_FILE)}
     model.save(
         out, feature_schema_version=FEATURE_SCHEMA_VERSION, placer=placer,
         training=bool(_one_value(frame, "training", True)),
         coarsen_max_nodes=int(_one_value(frame, "coarsen_max_nodes", 0)),
         orders=data.orders, clusters=sorted(frame["cluster"].unique()),
         families=sorted(np.unique(data.family)), n_rows=len(frame),
-        data_hash=data_hash(frame), chosen_because=why, evaluation=ev.summary(),
-        travorder_version=__version__, lightgbm_version=lgb.__version__)
-    return TrainResult(model, kind, ev, frame)
+        data_hash=data_hash(frame), method=method, structure=list(combo),
+        chosen_because=why, comparison=comparison,
+        vs_best_fixed={"method": method, "mean_regret": chosen,
+                       "best_fixed": ev.best_fixed, "best_fixed_mean_regret": best_fixed},
+        evaluation_folds=folds,
+        feature_ranges={c: [float(data.X[c].min()), float(data.X[c].max())]
+                        for c in data.X.columns},
+        evaluation=ev.summary(), travorder_version=__version__,
+        lightgbm_version=lgb.__version__, **manifest)
+    return TrainResult(model, kind, ev, frame, method, comparison)
+
+
+GNN_FILE = "graph_net.npz"
+
+
+def _learned(method: str, kinds: Sequence[str]) -> bool:
+    return method.split("+")[0] in kinds
+
+
+def _method(method: str, combo: tuple[str, ...]) -> str:
+    """``regressor+verify3`` with blocks ``gnn`` -> ``regressor(gnn)+verify3``."""
+    if not combo:
+        return method
+    kind, _, rest = method.partition("+")
+    return f"{kind}({'+'.join(combo)})" + (f"+{rest}" if rest else "")

@@ -1,0 +1,113 @@
+"""Training from study datasets with the structure features, and the shipped default model
+against the bundled dataset it was trained on."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from travorder.api import recommend_order
+from travorder.errors import FormatError
+from travorder.predictor.active import bundled_model_dir
+from travorder.predictor.dataset import data_hash, design_matrix
+from travorder.predictor.model import MANIFEST, OrderPredictor
+from travorder.predictor.train import read_sources, train_predictor
+from travorder.study.export import bundled_dataset
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory) -> str:
+    """Four families of the bundled RL dataset, as an exported dataset file."""
+    frame = bundled_dataset("rl")
+    families = sorted(frame["family"].unique())[:4]
+    path = tmp_path_factory.mktemp("data") / "small.parquet"
+    frame[frame["family"].isin(families)].to_parquet(path)
+    return str(path)
+
+
+def test_train_with_order_statistics_and_the_graph_network(small_dataset, tmp_path):
+    pytest.importorskip("torch_geometric")
+    from travorder.predictor.gnn import GNNParams
+
+    out = tmp_path / "model"
+    res = train_predictor([small_dataset], out, kinds=("regressor",),
+                          params={"n_estimators": 10, "min_child_samples": 2},
+                          folds=None, gnn_params=GNNParams(epochs=1, hidden=8))
+    t = res.evaluation.table
+    assert {"regressor", "regressor(order_stats)", "regressor(gnn)",
+            "regressor(order_stats+gnn)", "graph_net"} <= set(t.index)
+    assert res.method == t.loc[["regressor", "regressor(order_stats)", "regressor(gnn)",
+                                "regressor(order_stats+gnn)"], "mean_regret"].idxmin()
+    assert "against the best fixed order" in res.comparison
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["method"] == res.method and manifest["comparison"] == res.comparison
+    assert manifest["vs_best_fixed"]["best_fixed"] == res.evaluation.best_fixed
+    assert set(manifest["feature_ranges"]) >= {"f_n_nodes", "c_n_devices"}
+    assert ("graph_net" in manifest) == ("gnn" in manifest["structure"])
+    rec = recommend_order("examples/resnet_small.onnx", predictor=str(out))
+    assert rec.order in manifest["classes"] and rec.tied[0] == rec.order
+
+
+def test_train_without_the_graphs_falls_back_to_graph_features(small_dataset, tmp_path):
+    frame = pd.read_parquet(small_dataset)
+    frame["graph_hash"] = "x" + frame["graph_hash"].str[1:]  # graphs the corpus does not hold
+    path = tmp_path / "unknown.parquet"
+    frame.to_parquet(path)
+    res = train_predictor([path], tmp_path / "model", kinds=("regressor",),
+                          params={"n_estimators": 5, "min_child_samples": 2}, folds=2)
+    manifest = json.loads((tmp_path / "model" / MANIFEST).read_text())
+    assert res.method == "regressor" and manifest["structure"] == []
+    assert "not in the corpus" in manifest["chosen_because"]
+
+
+def test_shipped_model_records_its_evaluation_on_the_bundled_dataset():
+    model, manifest = OrderPredictor.load(bundled_model_dir())
+    frame = read_sources(["bundled:greedy"])  # the bundled study it learned from
+    frame = frame[frame["placer"] == manifest["placer"]].reset_index(drop=True)
+    assert data_hash(frame) == manifest["data_hash"]  # trained on exactly these rows
+    data = design_matrix(frame)
+    regret = data.times.to_numpy() / data.times.min(axis=1).to_numpy()[:, None] - 1
+    fixed = dict(zip(data.orders, regret.mean(axis=0), strict=True))
+    best_fixed = min(fixed, key=fixed.get)
+    vs = manifest["vs_best_fixed"]
+    assert vs["best_fixed"] == f"always-{best_fixed}"
+    assert vs["best_fixed_mean_regret"] == pytest.approx(fixed[best_fixed])
+    table = {r["method"]: r for r in manifest["evaluation"]["table"]}
+    assert table[vs["method"]]["mean_regret"] == pytest.approx(vs["mean_regret"], abs=1e-4)
+    assert vs["method"] == manifest["method"] and model.kind == vs["method"].split("(")[0]
+    # The shipped method beats always using the best fixed order, held out by family.
+    assert vs["mean_regret"] < vs["best_fixed_mean_regret"]
+    assert np.isfinite(model.mean_regret_).all()
+
+
+def test_a_model_with_the_graph_network_ships_its_weights(small_dataset, tmp_path,
+                                                         monkeypatch):
+    pytest.importorskip("torch_geometric")
+    import travorder.predictor.train as train
+    from travorder.predictor.gnn import GNNParams
+
+    real = train.evaluate
+
+    def network_wins(data, kinds, params, **kw):  # make a variant with the network win
+        ev = real(data, kinds, params, **kw)
+        if not any(c.startswith("g_") for c in data.X.columns):
+            ev.table.loc[list(kinds), "mean_regret"] += 1.0
+        return ev
+
+    monkeypatch.setattr(train, "evaluate", network_wins)
+    out = tmp_path / "model"
+    res = train.train_predictor([small_dataset], out, kinds=("regressor",),
+                                params={"n_estimators": 5, "min_child_samples": 2},
+                                folds=2, gnn_params=GNNParams(epochs=1, hidden=8))
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert "gnn" in manifest["structure"] and (out / manifest["graph_net"]["file"]).exists()
+    model, _ = OrderPredictor.load(out)
+    assert model.graph_net_.orders == manifest["classes"]
+    rec = recommend_order("examples/resnet_small.onnx", predictor=str(out))
+    assert rec.order in manifest["classes"] and res.method.startswith("regressor(")
+    (out / manifest["graph_net"]["file"]).write_bytes(b"not an npz")
+    with pytest.raises(FormatError, match="broken graph network"):
+        OrderPredictor.load(out)
