@@ -146,8 +146,8 @@ def test_memory_fraction_sets_single_device_feasibility():
 
 
 def _loses_to_one_device() -> OpGraph:
-    """Two branches joined late: the inputs are huge and the compute tiny, so greedy's
-    split costs a transfer that one device never pays."""
+    """Two branches joined late with huge outputs: greedy runs them in parallel (the
+    inputs are small) and then pays a 3,947 us transfer that one device never pays."""
     return OpGraph(["a", "b", "c", "d"], [0, 0, 1, 2], [1, 2, 3, 3],
                    time_us=[1.0, 40.0, 40.0, 1.0], edge_bytes=[1e3, 1e3, 3e7, 3e7],
                    meta={"name": "fork"})
@@ -155,9 +155,9 @@ def _loses_to_one_device() -> OpGraph:
 
 def test_place_returns_the_floor_when_one_device_is_faster(tmp_path):
     g = _loses_to_one_device()
-    own = place_graph(g, K80, "round_robin", "topo")
+    own = place_graph(g, K80, "greedy", "topo")
     assert own.speedup < 1 and not own.fallback
-    r = place_graph(g, K80, "round_robin", "topo", floor=True)
+    r = place_graph(g, K80, "greedy", "topo", floor=True)
     assert r.fallback and r.placement.tolist() == [0, 0, 0, 0]
     assert r.step_time_us == r.single_device_us == own.single_device_us
     assert r.placer_step_time_us == own.step_time_us > r.step_time_us
@@ -167,8 +167,7 @@ def test_place_returns_the_floor_when_one_device_is_faster(tmp_path):
     path = tmp_path / "fork.json.gz"
     save_graph(g, path)
     out = tmp_path / "p.json"
-    assert main(["place", str(path), "--forward-only", "--placer", "round_robin",
-                 "-o", str(out), "--json"]) == 0
+    assert main(["place", str(path), "--forward-only", "-o", str(out), "--json"]) == 0
     doc = json.loads(out.read_text())
     assert doc["fallback"] is True and set(doc["placement"].values()) == {0}
 
@@ -245,3 +244,51 @@ def test_scenario_errors_name_the_spec():
         parse_scenarios([{}, {"batch": "export"}], "spec")
     with pytest.raises(TravorderError, match="empty list"):
         parse_scenarios([], "spec")
+
+
+# ------------------------------------------------------------------ recommend-order
+def test_recommend_order_places_the_users_batch_and_pipeline(tmp_path, capsys):
+    import onnx
+
+    from travorder.cli import recommend_main
+    from travorder.datasets.onnx_examples import residual_cnn
+    from travorder.graph import load_graph
+
+    model = tmp_path / "m.onnx"
+    onnx.save(residual_cnn(), model)
+    step = training_graph(load_graph(model))
+    out = tmp_path / "p.json"
+    assert recommend_main([str(model), "--batch", "8", "--micro-batches", "2", "--json",
+                           "--place", str(out)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["n_nodes"] == 2 * step.n_nodes
+    written = json.loads(out.read_text())
+    assert written["graph"]["n_nodes"] == 2 * step.n_nodes
+    assert written["step_time_us"] <= written["single_device_us"] or \
+        not written["single_device_feasible"]
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--batch", "0", "batch must be"), ("--batch", "-8", "batch must be"),
+    ("--micro-batches", "0", "micro_batches must be an integer >= 1")])
+def test_recommend_order_bad_batch_is_one_line(tmp_path, capsys, flag, value, message):
+    import onnx
+
+    from travorder.cli import recommend_main
+    from travorder.datasets.onnx_examples import residual_cnn
+
+    model = tmp_path / "m.onnx"
+    onnx.save(residual_cnn(), model)
+    out = tmp_path / "p.json"
+    assert recommend_main([str(model), flag, value, "--place", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and message in err and not out.exists()
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(max_nodes=25), st.sampled_from(["k80x3", "v100x4-nvlink", "pcie4x4"]),
+       st.integers(1, 3))
+def test_single_device_peak_without_the_compiled_simulator_agrees(g, name, m):
+    t, c = pipeline_graph(_train(g), m), load_cluster(name)
+    assert single_device_peak(t, c, compiled=False) == pytest.approx(
+        single_device_peak(t, c), rel=1e-12)

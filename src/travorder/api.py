@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from travorder.errors import TravorderError
 from travorder.featurize import graph_features
-from travorder.graph import GraphSource, OpGraph, load_graph, prepare_graph, training_graph
+from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
 from travorder.predictor.model import softmax
 from travorder.predictor.structure import structure_features
+from travorder.study.scenarios import Scenario, features_of
 
 if TYPE_CHECKING:
     from travorder.placement.placers import PlacementResult
@@ -106,13 +107,18 @@ def as_graph(model: Any, example_inputs: Any = None) -> OpGraph:
 def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", *,
                     example_inputs: Any = None, predictor: str | None = None,
                     explain: bool = False, verify: int = 0, budget: float | None = None,
-                    placer: str = "greedy", seed: int = 0) -> Recommendation:
+                    placer: str = "greedy", seed: int = 0, batch: int | None = None,
+                    micro_batches: int = 1) -> Recommendation:
     """Recommend the traversal order for placing ``model`` on ``cluster``.
 
     ``model``: a file (ONNX, travorder ``.json.gz``, dnn-partitioning JSON), an `OpGraph`,
     an ``onnx.ModelProto``, or a torch module with ``example_inputs``. ``cluster``: a
     preset name, a cluster file or a `Cluster`. ``predictor``: a model directory (default:
-    the active model, see `travorder.predictor.active`).
+    the active model, see `travorder.predictor.active`). ``batch``: the training batch
+    (default: the batch the model was exported at); ``micro_batches``: the training step
+    pipelined over that many micro-batches (`travorder.graph.pipeline`). The scenario
+    features (memory pressure, compute-to-transfer ratio, batch, micro-batches) come from
+    the model as scaled and pipelined so, on ``cluster``.
 
     Checking by placement: ``budget=SECONDS`` places the model's training-step graph with
     ``placer`` under the predictor's orders from the best ranked down (the best fixed
@@ -124,25 +130,50 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     recommended order is that of the placement they write.
     """
     g = as_graph(model, example_inputs)
-    return _recommend(g, None, load_cluster(cluster), predictor=predictor,
-                      explain=explain, verify=verify, budget=budget, placer=placer, seed=seed)
+    return _recommend(g, True, load_cluster(cluster), predictor=predictor,
+                      explain=explain, verify=verify, budget=budget, placer=placer, seed=seed,
+                      batch=batch, micro_batches=micro_batches)
 
 
-def _recommend(g: OpGraph, placed: OpGraph | None, c: Cluster, *, predictor: str | None,
+def placed_graph(g: OpGraph, training: bool = True, batch: int | None = None,
+                 micro_batches: int = 1) -> OpGraph:
+    """The graph a placement of ``g`` is for: its training step (unless not
+    ``training``) at ``batch`` (default: as exported), pipelined over ``micro_batches``,
+    never coarsened."""
+    return Scenario(batch="export" if batch is None else batch,
+                    micro_batches=micro_batches).prepare(g, training, 0)
+
+
+def user_scenario(batch: int | None, micro_batches: int, manifest: dict[str, Any]
+                  ) -> Scenario:
+    """The scenario of a user's model: their batch and micro-batches, coarsened as the
+    predictor's training rows with the nearest number of micro-batches were."""
+    scenario = Scenario(batch="export" if batch is None else batch,
+                        micro_batches=micro_batches)
+    seen = [Scenario.from_dict(d) for d in manifest.get("scenarios", [])]
+    if not seen:
+        return scenario
+    near = min(seen, key=lambda s: (abs(s.micro_batches - micro_batches), s.name))
+    return replace(scenario, name="", coarsen_max_nodes=near.coarsen_max_nodes)
+
+
+def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                explain: bool = False, verify: int = 0, budget: float | None = None,
-               placer: str = "greedy", seed: int = 0) -> Recommendation:
-    """`recommend_order` for graph ``g`` whose placements are of ``placed`` (default: its
-    training-step graph)."""
+               placer: str = "greedy", seed: int = 0, batch: int | None = None,
+               micro_batches: int = 1) -> Recommendation:
+    """`recommend_order` for graph ``g``, whose placements are of its training step (or of
+    ``g`` itself, if not ``training``) at ``batch`` over ``micro_batches``."""
     if budget is not None and not budget >= 0:
         raise TravorderError(f"the time budget must be a number of seconds >= 0, not {budget}")
     if budget is not None and verify:
         raise TravorderError("give a time budget or a shortlist size, not both")
     est, manifest, description = load_predictor(predictor)
+    scenario = user_scenario(batch, micro_batches, manifest)
     # Features of the graph as the study that trained the predictor placed it.
-    training = manifest.get("training", True)
-    prepared = prepare_graph(placed if training and placed is not None else g, training,
-                             manifest.get("coarsen_max_nodes", 0))
-    row = feature_row(graph_features(prepared), c)
+    prepared = scenario.prepare(g, manifest.get("training", True),
+                                manifest.get("coarsen_max_nodes", 0))
+    placed = placed_graph(g, training, batch, micro_batches)
+    row = feature_row(graph_features(prepared), c, features_of(prepared, c, compiled=False))
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
     row |= structure_features(prepared, row, est, manifest)
     scores = est.scores(row)[0]  # once: every tree of the model runs here
@@ -155,8 +186,7 @@ def _recommend(g: OpGraph, placed: OpGraph | None, c: Cluster, *, predictor: str
         # The best fixed order first: checking never does worse than always using it.
         candidates = est.shortlist(row, verify or len(names))[0]
         t0 = time.perf_counter()
-        results = _check(training_graph(g) if placed is None else placed, c, names,
-                         candidates, placer, seed, budget)
+        results = _check(placed, c, names, candidates, placer, seed, budget)
         check_s = time.perf_counter() - t0
         checked = sorted(results, key=lambda j: (not results[j].feasible,
                                                  results[j].step_time_us))
@@ -186,7 +216,7 @@ def _recommend(g: OpGraph, placed: OpGraph | None, c: Cluster, *, predictor: str
         runner_up_probability=float(proba[second]), runner_up_regret=runner_up_regret,
         probabilities=dict(zip(names, proba.tolist(), strict=True)),
         expected_regret=dict(zip(names, regret.tolist(), strict=True)),
-        graph=g.name, n_nodes=g.n_nodes, cluster=c.name, model=description,
+        graph=g.name, n_nodes=placed.n_nodes, cluster=c.name, model=description,
         tied=[names[j] for j in tied], tie_margin=margin,
         confidence="low" if low else "high", warnings=warnings,
         contributions=contributions, verified=verified,
@@ -233,31 +263,31 @@ def _check(graph: OpGraph, cluster: Cluster, names: list[str], candidates: np.nd
 def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str = "auto",
           placer: str = "greedy", *, seed: int = 0, example_inputs: Any = None,
           training: bool = True, predictor: str | None = None, verify: int = 0,
-          budget: float | None = None, **options: Any) -> PlacementResult:
+          budget: float | None = None, batch: int | None = None, micro_batches: int = 1,
+          **options: Any) -> PlacementResult:
     """Place ``model`` on ``cluster``; ``order="auto"`` uses the recommended order (checked
     by placement over a shortlist of ``verify`` orders or for ``budget`` seconds, see
     `recommend_order`; the checked placement is returned as it was measured), and the
     result's ``recommendation`` says which order won, with what probability, and the step
     time of each order checked.
 
-    The graph is expanded to a training-step graph unless ``training=False``; ``options``
-    go to the placer (e.g. ``episodes=`` for ``rl``). A placement slower than putting
+    The graph is expanded to a training-step graph unless ``training=False``, at
+    ``batch``, pipelined over ``micro_batches`` (see `recommend_order`); ``options`` go to
+    the placer (e.g. ``episodes=`` for ``rl``). A placement slower than putting
     everything on one device (or over memory where one device fits) is never returned:
     the single-device placement comes back instead, with ``result.fallback`` set.
     """
-    from dataclasses import replace
-
-    from travorder.placement.placers import place_graph
+    from travorder.placement.placers import place_graph, with_floor
 
     g = as_graph(model, example_inputs)
     c = load_cluster(cluster)
-    placed = training_graph(g) if training else g
+    placed = placed_graph(g, training, batch, micro_batches)
     rec = None
     if order == "auto":
-        rec = _recommend(g, placed, c, predictor=predictor, verify=verify, budget=budget,
-                         placer=placer, seed=seed)
+        rec = _recommend(g, training, c, predictor=predictor, verify=verify, budget=budget,
+                         placer=placer, seed=seed, batch=batch, micro_batches=micro_batches)
         if rec.placement is not None and not options:  # checked: the same placement
-            return replace(rec.placement, recommendation=rec)
+            return replace(with_floor(rec.placement, placed, c), recommendation=rec)
         order = rec.order
     result = place_graph(placed, c, placer=placer, order=order, seed=seed, floor=True,
                          **options)

@@ -755,24 +755,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def cmd_recommend(args: argparse.Namespace) -> None:
-    from travorder.api import recommend_order
+    from travorder.api import placed_graph, recommend_order
     from travorder.placement.clusters import load_cluster
 
     _check_out(args.place)
-    g = _load(args.model, training=True)  # expanded once, for the features and the placer
+    g = _load(args.model)
     cluster = load_cluster(args.cluster)
     rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain,
                           verify=args.verify, budget=args.budget, placer=args.placer,
-                          seed=args.seed)
+                          seed=args.seed, batch=args.batch, micro_batches=args.micro_batches)
     placed = None
     if args.place:
         from travorder.placement.placement_file import placement_doc
-        from travorder.placement.placers import place_graph
+        from travorder.placement.placers import place_graph, with_floor
 
-        # A checked placement is written as it was measured.
-        placed = rec.placement or place_graph(g, cluster, placer=args.placer,
-                                              order=rec.order, seed=args.seed, floor=True)
-        _write_json(args.place, placement_doc(placed, g, cluster))
+        graph = placed_graph(g, True, args.batch, args.micro_batches)
+        # A checked placement is written as it was measured (or one device, if faster).
+        placed = (with_floor(rec.placement, graph, cluster) if rec.placement else
+                  place_graph(graph, cluster, placer=args.placer, order=rec.order,
+                              seed=args.seed, floor=True))
+        _write_json(args.place, placement_doc(placed, graph, cluster))
     if args.json:
         doc = rec.to_dict()
         if placed is not None:
@@ -831,6 +833,11 @@ def recommend_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="ONNX, travorder .json.gz or dnn-partitioning JSON")
     parser.add_argument("--cluster", default="k80x3",
                         help="cluster preset or .toml/.json file (default: k80x3)")
+    parser.add_argument("--batch", type=int, metavar="B",
+                        help="the training batch (default: the batch the model was "
+                             "exported at)")
+    parser.add_argument("--micro-batches", type=int, default=1, metavar="M",
+                        help="the training step pipelined over M micro-batches (default 1)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--explain", action="store_true",
                         help="show the features that drove the recommendation")

@@ -1,8 +1,9 @@
 """From a study dataset to what the predictor learns from.
 
-A study dataset (``travorder study export``) has one row per (graph, cluster, placer):
-``graph_hash``, ``family``, ``cluster``, graph features ``f_<name>``, and per order the
-median step time ``time_<order>``; ``ties`` lists the orders within noise of the best
+A study dataset (``travorder study export``) has one row per (graph, scenario, cluster,
+placer): ``graph_hash``, ``family``, ``cluster``, graph features ``f_<name>``, scenario
+features ``s_<name>``, and per order the mean step time ``time_<order>``; ``ties`` lists
+the orders within noise of the best
 (comma-separated) and ``c_<name>`` are the cluster features. `design_matrix` returns the
 features, the step-time table and the ties; for a frame without cluster features it
 computes them from the ``cluster`` preset name (or a ``cluster_json`` column).
@@ -11,6 +12,7 @@ computes them from the ``cluster`` preset name (or a ``cluster_json`` column).
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,6 +75,7 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     if frame.empty:
         raise TravorderError("dataset has no row with step times for every order")
     feats = frame[[c for c in frame.columns if c.startswith("f_")]].astype(float)
+    sfeats = frame[[c for c in frame.columns if c.startswith("s_")]].astype(float)
     cnames = [f"c_{n}" for n in CLUSTER_FEATURE_NAMES]
     if set(cnames) <= set(frame.columns):
         cfeats = frame[cnames].astype(float)
@@ -85,7 +88,7 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     tie_text = frame["ties"] if "ties" in frame.columns else pd.Series("", index=frame.index)
     ties = [frozenset({b} | (set(t.split(",")) & set(orders) if isinstance(t, str) else set()))
             for b, t in zip(best, tie_text, strict=True)]
-    return TrainingData(pd.concat([feats, cfeats], axis=1), times, ties,
+    return TrainingData(pd.concat([feats, cfeats, sfeats], axis=1), times, ties,
                         frame["family"].astype(str).to_numpy(), frame)
 
 
@@ -97,10 +100,13 @@ def data_hash(frame: pd.DataFrame) -> str:
     return h.hexdigest()[:16]
 
 
-def feature_row(graph_feats: dict[str, float], cluster: Cluster) -> dict[str, float]:
-    """One design-matrix row by column name: graph features ``f_`` and the cluster's ``c_``
-    columns (`OrderPredictor` takes it as a one-row feature matrix)."""
-    return {f"f_{k}": v for k, v in graph_feats.items()} | cluster_columns(cluster)
+def feature_row(graph_feats: dict[str, float], cluster: Cluster,
+                scenario_feats: dict[str, float] | None = None) -> dict[str, float]:
+    """One design-matrix row by column name: graph features ``f_``, the cluster's ``c_``
+    columns and the scenario features ``s_`` (`OrderPredictor` takes it as a one-row
+    feature matrix)."""
+    return ({f"f_{k}": v for k, v in graph_feats.items()} | cluster_columns(cluster)
+            | {f"s_{k}": v for k, v in (scenario_feats or {}).items()})
 
 
 def prepared_graphs(frame: pd.DataFrame, corpus_dir: str | None = None
@@ -108,10 +114,11 @@ def prepared_graphs(frame: pd.DataFrame, corpus_dir: str | None = None
     """The graphs a study placed for the rows of its dataset: ``(graphs, graph_of_row)``.
 
     Each row's graph is looked up in the corpus (the bundled one unless ``corpus_dir``) by
-    ``graph_hash`` and prepared as the row's ``training`` and ``coarsen_max_nodes`` say.
+    ``graph_hash`` and prepared as the row's scenario (``scenario_def``), ``training`` and
+    ``coarsen_max_nodes`` say.
     """
     from travorder.datasets.corpus import load_corpus
-    from travorder.graph import prepare_graph
+    from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
 
     by_hash = {g.graph_hash: g for g in load_corpus(corpus_dir=corpus_dir)}
     missing = sorted(set(frame["graph_hash"]) - set(by_hash))
@@ -120,9 +127,11 @@ def prepared_graphs(frame: pd.DataFrame, corpus_dir: str | None = None
             if "graph" in frame.columns else missing[0]
         raise TravorderError(f"{len(missing)} graphs of the dataset are not in the corpus "
                              f"(e.g. {name!r}); give the corpus they came from")
+    defs = frame["scenario_def"] if "scenario_def" in frame.columns else [None] * len(frame)
     keys = list(zip(frame["graph_hash"], frame.get("training", True),
-                    frame.get("coarsen_max_nodes", 0), strict=True))
+                    frame.get("coarsen_max_nodes", 0), defs, strict=True))
     unique = list(dict.fromkeys(keys))
-    graphs = [prepare_graph(by_hash[h], bool(t), int(c)) for h, t, c in unique]
+    graphs = [(Scenario.from_dict(json.loads(d)) if isinstance(d, str) else DEFAULT_SCENARIO)
+              .prepare(by_hash[h], bool(t), int(c)) for h, t, c, d in unique]
     index = {k: i for i, k in enumerate(unique)}
     return graphs, np.array([index[k] for k in keys], dtype=np.int64)

@@ -9,6 +9,7 @@ a manifest that records why it was chosen.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -247,6 +248,8 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
         vs_best_fixed={"method": method, "mean_regret": chosen,
                        "best_fixed": ev.best_fixed, "best_fixed_mean_regret": best_fixed},
         evaluation_folds=folds,
+        scenarios=sorted((json.loads(d) for d in frame["scenario_def"].unique()),
+                         key=lambda d: d["name"]) if "scenario_def" in frame.columns else [],
         feature_ranges={c: [float(data.X[c].min()), float(data.X[c].max())]
                         for c in data.X.columns},
         evaluation=ev.summary(), travorder_version=__version__,

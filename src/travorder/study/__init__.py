@@ -1,23 +1,24 @@
 """The study: specs, jobs, the runner (joblib / Ray), the result store, export and report.
 
 `run_study` runs a spec's jobs into a SQLite `ResultStore`; `export_dataset` turns a
-store into the predictor's dataset; `write_report` draws it. See docs/study.md.
+store into the predictor's dataset; `write_report` draws it. See docs/study.md. The names
+load lazily, so the scenarios (`travorder.study.scenarios`) are usable without the runner.
 """
 
-from travorder.graph import prepare_graph
-from travorder.study.jobs import Job, run_job
-from travorder.study.runner import BACKENDS, StudySummary, run_study
-from travorder.study.spec import StudySpec, load_spec
-from travorder.study.store import ResultStore
+from travorder._lazy import lazy_exports
 
-__all__ = [
-    "BACKENDS",
-    "Job",
-    "ResultStore",
-    "StudySpec",
-    "StudySummary",
-    "load_spec",
-    "prepare_graph",
-    "run_job",
-    "run_study",
-]
+_EXPORTS = {
+    "BACKENDS": "travorder.study.runner",
+    "Job": "travorder.study.jobs",
+    "ResultStore": "travorder.study.store",
+    "Scenario": "travorder.study.scenarios",
+    "StudySpec": "travorder.study.spec",
+    "StudySummary": "travorder.study.runner",
+    "load_spec": "travorder.study.spec",
+    "prepare_graph": "travorder.graph",
+    "run_job": "travorder.study.jobs",
+    "run_study": "travorder.study.runner",
+}
+
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

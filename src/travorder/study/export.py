@@ -3,7 +3,8 @@
 Columns (see docs/study.md):
 
 - the graph: ``graph``, ``graph_hash`` (as selected), ``family``, ``source``,
-  ``source_nodes`` (before preparation), ``scenario``, ``n_nodes`` / ``n_edges`` (the
+  ``source_nodes`` (before preparation), ``scenario`` and its definition
+  ``scenario_def`` (JSON, `Scenario.to_dict`), ``n_nodes`` / ``n_edges`` (the
   prepared graph the placer saw), ``training``, ``coarsen_max_nodes``; its features
   ``f_<name>`` (of the prepared graph) and ``feature_schema``;
 - the cluster: ``cluster`` (as the scenario set it) and its features ``c_<name>``; the
@@ -46,6 +47,7 @@ import numpy as np
 
 from travorder.errors import FormatError, TravorderError
 from travorder.placement import ORDERS, Cluster
+from travorder.study.scenarios import Scenario, scenario_definitions
 from travorder.study.store import ResultStore
 
 #: The relative gap under which an order counts as tied with the best (1%).
@@ -186,6 +188,7 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
         clusters = dict(store.connection.execute(
             "SELECT cluster_hash, definition FROM clusters").fetchall())
         pairs = pd.read_sql_query("SELECT * FROM pairs", store.connection)
+        scenarios = scenario_definitions(store.connection)
     if jobs.empty:
         raise TravorderError(f"{store_path}: no finished job to export")
     names = set(jobs["order_name"])
@@ -208,7 +211,10 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
 
     data = data.rename(columns={"graph_name": "graph"})
     data["training"] = data["training"].astype(bool)
+    data["scenario_def"] = [json.dumps(scenarios.get(n, Scenario(name=n)).to_dict(),
+                                       sort_keys=True) for n in data["scenario"]]
     front = ["graph", "graph_hash", "family", "source", "source_nodes", "scenario",
+             "scenario_def",
              "n_nodes", "n_edges", "training", "coarsen_max_nodes", "cluster", "placer",
              "placer_options", "config_hash", "feature_schema"]
     fcols = [f"f_{n}" for n in FEATURE_NAMES if f"f_{n}" in data.columns]

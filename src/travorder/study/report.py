@@ -49,7 +49,7 @@ import numpy as np
 
 from travorder.errors import TravorderError
 from travorder.study.export import REL_TOL, dataset_frame, dataset_orders, study_filter
-from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
+from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario, scenario_definitions
 from travorder.study.store import ResultStore
 
 
@@ -298,9 +298,7 @@ def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
             f"'done' AND placement IS NOT NULL{where}", store.connection, params=params)
         clusters = dict(store.connection.execute(
             "SELECT cluster_hash, definition FROM clusters").fetchall())
-        scenarios = {s["name"]: Scenario.from_dict(s)
-                     for (spec,) in store.connection.execute("SELECT spec FROM studies")
-                     for s in json.loads(spec).get("scenarios", [])}
+        scenarios = scenario_definitions(store.connection)
     table = ratios(data).replace(np.inf, np.nan)
     figures = []
     for (placer, family), part in data.groupby(["placer", "family"]):

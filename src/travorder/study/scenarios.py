@@ -28,6 +28,7 @@ dataset.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,8 +40,7 @@ from travorder.featurize.scenario import scenario_features
 from travorder.graph import OpGraph, prepare_graph
 from travorder.graph.batch import scale_batch
 from travorder.graph.pipeline import pipeline_graph
-from travorder.placement import Cluster, Simulator, compute_times
-from travorder.placement.placers.heuristics import single
+from travorder.placement.clusters import Cluster, compute_times
 
 #: The keys a scenario table may have.
 SCENARIO_KEYS = ("name", "batch", "micro_batches", "memory", "coarsen_max_nodes")
@@ -166,20 +166,78 @@ class Scenario:
 DEFAULT_SCENARIO = Scenario()
 
 
-def single_device_peak(graph: OpGraph, cluster: Cluster) -> float:
+def single_device_peak(graph: OpGraph, cluster: Cluster, compiled: bool = True) -> float:
     """Peak memory (bytes) of ``graph``'s step with every node on the device `single`
-    picks."""
-    placement = single(graph, cluster, np.arange(graph.n_nodes), 0)
+    picks. ``compiled=False`` computes it without loading the compiled simulator (for
+    one-off calls such as a recommendation), as `_one_device_peak` describes."""
+    # the device `travorder.placement.placers.heuristics.single` picks (that package
+    # loads the compiled simulator, which a one-off call need not)
+    times = compute_times(graph, cluster)
+    device = int(np.argmin(times.sum(axis=0))) if graph.n_nodes else 0
+    if not compiled and cluster.semantics == "travorder":
+        return _one_device_peak(graph, times[:, device], cluster.param_copies)
+    from travorder.placement.simulator import Simulator
+
+    placement = np.full(graph.n_nodes, device, dtype=np.int64)
     return float(Simulator(graph, cluster).run(placement).peak_memory.max(initial=0.0))
 
 
-def features_of(graph: OpGraph, cluster: Cluster) -> dict[str, float]:
+def _one_device_peak(graph: OpGraph, cost: np.ndarray, param_copies: float) -> float:
+    """The simulator's peak memory (travorder semantics, docs/simulator.md) of a step run
+    on one device: ops one at a time, the ready op with the earliest ready time first
+    (ties by `tie_rank`); parameters held throughout; an output held from its op's start
+    until its last consumer finishes (a sink's until it finishes)."""
+    import heapq
+
+    n = graph.n_nodes
+    order = np.lexsort((graph.names, graph.levels))  # `tie_rank`, without its module
+    rank_a = np.empty(n, dtype=np.int64)
+    rank_a[order] = np.arange(n)
+    rank = rank_a.tolist()
+    mem = float(np.sum((graph.param_bytes * param_copies)[order]))
+    peak = mem
+    out = graph.output_bytes.tolist()
+    waiting = graph.in_degree.tolist()
+    uses = graph.out_degree.tolist()
+    (sptr, sidx), (pptr, pidx) = ((a.tolist(), b.tolist()) for a, b in
+                                  (graph.succ_csr, graph.pred_csr))
+    cost_l = cost.tolist()
+    ready = [(0.0, rank[v], v) for v in range(n) if waiting[v] == 0]
+    heapq.heapify(ready)
+    now = 0.0
+    while ready:
+        t, _, v = heapq.heappop(ready)
+        now = max(now, t)
+        mem += out[v]
+        peak = max(peak, mem)
+        now += cost_l[v]
+        for u in sorted(pidx[pptr[v]:pptr[v + 1]], key=rank.__getitem__):
+            uses[u] -= 1
+            if uses[u] == 0:
+                mem -= out[u]
+        if uses[v] == 0:
+            mem -= out[v]
+        for w in sidx[sptr[v]:sptr[v + 1]]:
+            waiting[w] -= 1
+            if waiting[w] == 0:
+                heapq.heappush(ready, (now, rank[w], w))
+    return peak
+
+
+def features_of(graph: OpGraph, cluster: Cluster, compiled: bool = True) -> dict[str, float]:
     """`travorder.featurize.scenario.scenario_features` of a prepared graph on a cluster:
     compute times on the fastest device, the single-device peak from the simulator."""
     times = compute_times(graph, cluster)
     fastest = int(np.argmin(times.sum(axis=0))) if graph.n_nodes else 0
     return scenario_features(graph, cluster, times[:, fastest] if graph.n_nodes else [],
-                             single_device_peak(graph, cluster))
+                             single_device_peak(graph, cluster, compiled))
+
+
+def scenario_definitions(connection: Any) -> dict[str, Scenario]:
+    """The scenarios of every study recorded in a result store's connection, by name."""
+    return {s["name"]: Scenario.from_dict(s)
+            for (spec,) in connection.execute("SELECT spec FROM studies")
+            for s in json.loads(spec).get("scenarios", [])}
 
 
 def parse_scenarios(value: Any, where: str) -> tuple[Scenario, ...]:

@@ -207,3 +207,11 @@ def evaluate_placement(graph: OpGraph, cluster: Cluster, placement: Any, *, plac
         single_device_feasible=floor_sim.feasible, fallback=fallback,
         placer_step_time_us=sim.step_time_us,
     )
+
+
+def with_floor(result: PlacementResult, graph: OpGraph, cluster: Cluster) -> PlacementResult:
+    """``result`` (a placement of ``graph`` on ``cluster``) as `place_graph` with
+    ``floor=True`` would have returned it."""
+    return evaluate_placement(graph, cluster, result.placement, placer=result.placer,
+                              order=result.order, seed=result.seed, wall_s=result.wall_s,
+                              learning_curve=result.learning_curve, floor=True)
