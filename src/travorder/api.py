@@ -224,6 +224,9 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         placement=placement)
 
 
+_KIND_OF_COLUMN = {"f_": "graph", "c_": "cluster", "s_": "scenario"}
+
+
 def _outside_training_range(row: dict[str, float], ranges: dict[str, list[float]]
                             ) -> list[str]:
     """One line per feature of ``row`` outside the ``[min, max]`` of the training data,
@@ -234,7 +237,7 @@ def _outside_training_range(row: dict[str, float], ranges: dict[str, list[float]
         if x is None or lo <= x <= hi:
             continue
         out.append((max(lo - x, x - hi) / max(hi - lo, 1e-12),
-                    f"{'graph' if name.startswith('f_') else 'cluster'} feature "
+                    f"{_KIND_OF_COLUMN.get(name[:2], 'a')} feature "
                     f"{name[2:]} = {x:.4g} is outside the training data's range "
                     f"[{lo:.4g}, {hi:.4g}]"))
     return [text for _, text in sorted(out, key=lambda t: -t[0])]
