@@ -168,6 +168,6 @@ def test_random_dags_shrink_to_the_smallest_failing_graph():
     from hypothesis import find
 
     g = find(random_dags(max_nodes=5), lambda g: g.n_edges >= 2,
-             settings=settings(database=None, max_examples=200))
+             settings=settings(database=None, max_examples=200, derandomize=True))
     assert g.n_edges == 2 and g.n_nodes <= 4
     assert set(g.flops.tolist()) == {1.0} and set(g.param_bytes.tolist()) == {0.0}
