@@ -262,8 +262,8 @@ class Simulator:
         p = check_placement(self.graph, self.cluster, placements)
         if p.ndim != 2:
             raise TravorderError("run_batch() takes a 2-D array, one placement per row")
-        batch = _batch_placeto if self._placeto else _batch
-        return BatchResult(*batch(p, self._capacity, *self._args))
+        core = _simulate_placeto if self._placeto else _simulate
+        return BatchResult(*_batch(core, p, self._capacity, *self._args))
 
 
 def simulate(graph: OpGraph, placement: Any, cluster: Cluster) -> SimResult:
@@ -824,27 +824,15 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
 
 
 @njit(cache=True)
-def _batch(places, capacity, *args):
+def _batch(core, places, capacity, *args):
+    """Step time, feasibility and overflow of each row of ``places`` under ``core``
+    (`_simulate` or `_simulate_placeto`, the core's own arguments in ``args``)."""
     k = places.shape[0]
     steps = np.empty(k)
     feasible = np.empty(k, dtype=np.bool_)
     overflow = np.empty(k)
     for i in range(k):
-        res = _simulate(places[i], False, *args)
-        steps[i] = res[0]
-        feasible[i] = np.all(res[4] <= capacity)
-        overflow[i] = _overflow(res[4], capacity)
-    return steps, feasible, overflow
-
-
-@njit(cache=True)
-def _batch_placeto(places, capacity, *args):
-    k = places.shape[0]
-    steps = np.empty(k)
-    feasible = np.empty(k, dtype=np.bool_)
-    overflow = np.empty(k)
-    for i in range(k):
-        res = _simulate_placeto(places[i], False, *args)
+        res = core(places[i], False, *args)
         steps[i] = res[0]
         feasible[i] = np.all(res[4] <= capacity)
         overflow[i] = _overflow(res[4], capacity)
