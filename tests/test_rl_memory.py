@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from travorder.datasets import synthetic
@@ -15,16 +14,14 @@ from travorder.placement.placers import place_graph
 from travorder.placement.rl.env import PlacementEnv, feasible_starts
 from travorder.placement.rl.trainer import RLConfig, train
 from travorder.placement.simulator import Simulator
+from travorder.study.scenarios import Scenario
 
 GRAPH = training_graph(synthetic.inception(seed=0, n_modules=2))
 
 
 def squeezed(graph: OpGraph, fraction: float, preset: str = "k80x3") -> Cluster:
     """``preset`` with every device's memory ``fraction`` of the single-device peak."""
-    c = load_cluster(preset)
-    peak = Simulator(graph, c).run(np.zeros(graph.n_nodes, dtype=np.int64)).peak_memory[0]
-    return dataclasses.replace(c, devices=tuple(dataclasses.replace(d, memory=fraction * peak)
-                                                for d in c.devices))
+    return Scenario(memory=fraction).cluster_for(graph, load_cluster(preset))
 
 
 def test_single_device_does_not_fit_at_half_the_peak() -> None:
