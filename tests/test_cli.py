@@ -312,7 +312,7 @@ def test_train_out_naming_a_file_is_refused(capsys, tmp_path):
 
 def test_report_of_missing_store_writes_nothing(capsys, tmp_path):
     out = tmp_path / "report"
-    _one_line_error(capsys, ["study", "report", "--store", str(tmp_path / "none.sqlite"),
+    _one_line_error(capsys, ["study", "report", str(tmp_path / "none.sqlite"),
                              "--out", str(out)], "no such result store")
     assert not out.exists()
 

@@ -22,7 +22,7 @@ from travorder.graph import OpGraph, prepare_graph
 from travorder.placement import PLACERS, load_cluster
 from travorder.placement.placers.heuristics import greedy
 from travorder.study import ResultStore, StudySpec, load_spec, run_study
-from travorder.study.export import dataset_frame, export_dataset, load_dataset
+from travorder.study.export import dataset_frame, export_dataset, load_dataset, read_sources
 from travorder.study.jobs import make_job, run_job
 from travorder.study.report import recommendations, scenario_summary, write_report
 from travorder.study.store import OUTCOME_COLUMNS, decode_placement
@@ -465,8 +465,8 @@ def test_report_writes_page_and_figures(tmp_path):
     _hand_store(tmp_path / "h.sqlite")
     files = write_report(tmp_path / "h.sqlite", tmp_path / "report")
     names = sorted(p.name for p in files)
-    assert names == ["index.html", "ratio_greedy_batch_export.png",
-                     "wins_greedy_batch_export.png"]
+    assert names == ["index.html", "ratio_greedy_batch_export_none.png",
+                     "wins_greedy_batch_export_none.png"]
     assert all(p.stat().st_size > 1000 for p in files)
     page = (tmp_path / "report" / "index.html").read_text()
     assert ("<b>fam</b> (greedy): use <code>bfs</code> (as good within 1%: lexico_topo, "
@@ -480,11 +480,29 @@ def test_report_writes_page_and_figures(tmp_path):
     assert rec["topo_ratio"] == pytest.approx(100 / 95)
     summary = scenario_summary(data).iloc[0].to_dict()
     assert summary == {
-        "placer": "greedy", "scenario": "batch=export", "cluster": "k80x3", "rows": 1,
+        "placer": "greedy", "scenario": "batch=export", "coarsening": "none",
+        "cluster": "k80x3", "rows": 1,
         "one_device_infeasible": 0.0, "beats_one_device": 1.0, "median_speedup": 2.0,
         "no_feasible": 0, "order_matters_5pct": 1.0, "beyond_noise": 0.0, "second_5pct": 0.0,
         "median_gap_second": pytest.approx(0.5 / 95)}
     assert "Where placement and the order matter" in page
+
+
+def test_report_of_several_sources_keeps_coarsening_levels_apart(tmp_path):
+    _hand_store(tmp_path / "h.sqlite")
+    export_dataset(tmp_path / "h.sqlite", tmp_path / "h.parquet")
+    coarse = load_dataset(tmp_path / "h.parquet").assign(coarsen_max_nodes=200,
+                                                         config_hash="other")
+    coarse.to_parquet(tmp_path / "c.parquet")
+    files = write_report([tmp_path / "c.parquet", tmp_path / "h.sqlite"], tmp_path / "r")
+    assert {p.name for p in files} == {
+        "index.html", "ratio_greedy_batch_export_none.png", "wins_greedy_batch_export_none.png",
+        "ratio_greedy_batch_export_200_nodes.png", "wins_greedy_batch_export_200_nodes.png"}
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "from <code>c.parquet, h.sqlite</code>" in page
+    summary = scenario_summary(read_sources([tmp_path / "c.parquet", tmp_path / "h.sqlite"]))
+    assert sorted(summary["coarsening"]) == ["<=200 nodes", "none"]
+    assert summary["rows"].tolist() == [1, 1]
 
 
 def test_report_draws_rl_learning_curves(tmp_path):
@@ -548,7 +566,7 @@ def test_report_includes_the_predictor_evaluation(tmp_path, capsys):
         {"family": fam, "seeds": [0, 1], "params": params}
         for fam, params in [("chain", {"n_layers": 5}), ("rnn", {"timesteps": 3}),
                             ("resnet", {"blocks": [1]})]]}), store, progress=False)
-    assert main(["study", "report", "--store", str(store), "--out", str(tmp_path / "r"),
+    assert main(["study", "report", str(store), "--out", str(tmp_path / "r"),
                  "--evaluate"]) == 0
     page = (tmp_path / "r" / "index.html").read_text()
     assert "Predictor evaluation (leave-family-out)" in page and "best fixed order" in page

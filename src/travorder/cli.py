@@ -387,15 +387,14 @@ def cmd_study_report(args: argparse.Namespace) -> None:
     if args.evaluate:
         from travorder.predictor.dataset import design_matrix
         from travorder.predictor.evaluate import evaluate
-        from travorder.predictor.train import deduplicate
-        from travorder.study.export import dataset_frame
+        from travorder.study.export import read_sources
 
-        frame = deduplicate(dataset_frame(args.store, study=args.study))
+        frame = read_sources(args.sources, args.study)
         evaluations = {}
         for placer, part in frame.groupby("placer"):
             print(f"evaluating the predictor on the {placer} rows ({len(part)}) ...")
             evaluations[placer] = evaluate(design_matrix(part.reset_index(drop=True)))
-    files = write_report(args.store, args.out, study=args.study, evaluations=evaluations)
+    files = write_report(args.sources, args.out, study=args.study, evaluations=evaluations)
     print(f"wrote {len(files)} files to {args.out} (open {Path(args.out) / 'index.html'})")
 
 
@@ -696,17 +695,21 @@ def build_parser() -> argparse.ArgumentParser:
     q = ssub.add_parser("status", parents=[store_opt], help="jobs done, failed and pending")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_study_status)
-    for name, helptext, func, out_help in [
-            ("export", "write the dataset (one row per graph and cluster)", cmd_study_export,
-             "dataset file: .parquet, .csv or .csv.gz"),
-            ("report", "write an HTML report with figures", cmd_study_report,
-             "directory for index.html and the figures")]:
-        q = ssub.add_parser(name, parents=[store_opt], help=helptext)
-        q.add_argument("--out", required=True, help=out_help)
-        q.add_argument("--study", help="only the latest run of this study (spec name)")
-        q.set_defaults(func=func)
+    q = ssub.add_parser("export", parents=[store_opt],
+                        help="write the dataset (one row per graph and cluster)")
+    q.add_argument("--out", required=True, help="dataset file: .parquet, .csv or .csv.gz")
+    q.add_argument("--study", help="only the latest run of this study (spec name)")
+    q.set_defaults(func=cmd_study_export)
+    q = ssub.add_parser("report", help="write an HTML report with figures")
+    q.add_argument("sources", nargs="+", metavar="SRC",
+                   help="result stores (.sqlite), exported datasets (.parquet/.csv) or "
+                        "bundled:greedy / bundled:rl; timelines and learning curves come "
+                        "from the stores")
+    q.add_argument("--out", required=True, help="directory for index.html and the figures")
+    q.add_argument("--study", help="of a store, only the latest run of this study (spec name)")
     q.add_argument("--evaluate", action="store_true",
                    help="include the predictor's leave-family-out evaluation (minutes)")
+    q.set_defaults(func=cmd_study_report)
 
     p = sub.add_parser("zoo", help="the bundled model-graph corpus")
     zsub = p.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")

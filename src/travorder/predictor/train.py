@@ -28,37 +28,10 @@ from travorder.predictor.dataset import TrainingData, data_hash, design_matrix, 
 from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
 from travorder.predictor.model import KINDS, OrderPredictor, _sha256, tie_ranking
 from travorder.predictor.structure import BLOCKS, order_statistics
-from travorder.study.export import bundled_dataset, dataset_frame, load_dataset
+from travorder.study.export import read_sources
 
 if TYPE_CHECKING:  # torch and torch-geometric are imported only to train the network
     from travorder.predictor.gnn import TrainedGNN
-
-_KEY = ["graph_hash", "cluster", "placer", "config_hash"]
-
-
-def read_sources(sources: Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
-    """Concatenate the datasets of result stores, dataset files and bundled datasets
-    (``bundled:greedy``, ``bundled:rl``); de-duplicate rows."""
-    if not sources:
-        raise TravorderError("no training data given")
-    frames = []
-    for src in sources:
-        p = Path(src)
-        if str(src).startswith("bundled:"):
-            frames.append(bundled_dataset(str(src).split(":", 1)[1]))
-        elif p.suffix.lower() in (".sqlite", ".sqlite3", ".db"):
-            frames.append(dataset_frame(p))
-        else:
-            frames.append(load_dataset(p))
-    return deduplicate(pd.concat(frames, ignore_index=True))
-
-
-def deduplicate(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per graph content, cluster and placer configuration (the last one wins):
-    two graphs with one structure under two names count once."""
-    key = [k for k in _KEY if k in frame.columns]
-    return frame.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
-
 
 @dataclass(frozen=True)
 class TrainResult:

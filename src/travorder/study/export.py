@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from travorder.errors import FormatError, TravorderError
+from travorder.graph import OpGraph
 from travorder.placement import ORDERS, Cluster
 from travorder.study.scenarios import Scenario, scenario_definitions
 from travorder.study.store import ResultStore
@@ -56,8 +58,8 @@ REL_TOL = 0.01
 #: Standard errors of the difference of two means within which two orders are tied.
 Z = 2.0
 
-#: The datasets of the bundled study, in ``travorder/study/data``.
-BUNDLED_DATASETS = {"greedy": "greedy.parquet", "rl": "rl.parquet"}
+#: The datasets of the bundled study, in ``travorder/study/data``: each name's parts.
+BUNDLED_DATASETS = {"greedy": ("greedy.parquet",), "rl": ("rl.parquet",)}
 
 _GROUP = ["graph_hash", "graph_name", "scenario", "cluster", "cluster_hash", "placer",
           "config_hash", "placer_options", "training", "coarsen_max_nodes"]
@@ -275,15 +277,77 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
     return data
 
 
+def row_graph(row: Any) -> OpGraph | None:
+    """The prepared graph of dataset row ``row`` (the graph its jobs placed), or None if
+    it cannot be found again: in the bundled corpus by hash, or at its source path."""
+    from travorder.datasets.corpus import load_corpus, read_manifest
+    from travorder.graph import load_graph
+
+    names = [e["name"] for e in read_manifest() if e["graph_hash"] == row["graph_hash"]]
+    try:
+        if names:
+            graph = load_corpus(names=names[0])[0]
+        elif isinstance(row["source"], str) and Path(row["source"]).is_file():
+            graph = load_graph(row["source"])
+        else:
+            return None
+    except TravorderError:
+        return None
+    if graph.graph_hash != row["graph_hash"]:
+        return None
+    scenario = Scenario.from_dict(json.loads(row["scenario_def"]))
+    return scenario.prepare(graph, bool(row["training"]), int(row["coarsen_max_nodes"]))
+
+
 def dataset_orders(data: Any) -> list[str]:
     """The orders with a ``time_<order>`` column in ``data``."""
     return [c[len("time_"):] for c in data.columns if c.startswith("time_")]
 
 
 def bundled_dataset(name: str = "greedy") -> Any:
-    """A dataset of the bundled study (``"greedy"`` or ``"rl"``; see docs/study.md)."""
+    """A dataset of the bundled study (``"greedy"`` or ``"rl"``, its parts concatenated;
+    see docs/study.md)."""
     if name not in BUNDLED_DATASETS:
         raise TravorderError(f"unknown bundled dataset {name!r} (expected "
                              f"{', '.join(BUNDLED_DATASETS)})")
-    return load_dataset(Path(str(resources.files("travorder.study").joinpath(
-        "data", BUNDLED_DATASETS[name]))))
+    import pandas as pd
+
+    data = resources.files("travorder.study").joinpath("data")
+    return pd.concat([load_dataset(Path(str(data.joinpath(part))))
+                      for part in BUNDLED_DATASETS[name]], ignore_index=True)
+
+
+def is_store(source: str | os.PathLike[str]) -> bool:
+    """Whether ``source`` names a result store (by its suffix) rather than a dataset."""
+    return Path(source).suffix.lower() in (".sqlite", ".sqlite3", ".db")
+
+
+_KEY = ["graph_hash", "cluster", "placer", "config_hash"]
+
+
+def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = None
+                 ) -> Any:
+    """Concatenate the datasets of result stores, dataset files and bundled datasets
+    (``bundled:greedy``, ``bundled:rl``); de-duplicate rows. ``study``: of a store, only
+    that study's latest run (`dataset_frame`)."""
+    import pandas as pd
+
+    if not sources:
+        raise TravorderError("no study results given (stores, datasets or bundled:NAME)")
+    frames = []
+    for src in sources:
+        p = Path(src)
+        if str(src).startswith("bundled:"):
+            frames.append(bundled_dataset(str(src).split(":", 1)[1]))
+        elif is_store(p):
+            frames.append(dataset_frame(p, study=study))
+        else:
+            frames.append(load_dataset(p))
+    return deduplicate(pd.concat(frames, ignore_index=True))
+
+
+def deduplicate(frame: Any) -> Any:
+    """One row per graph content, cluster and placer configuration (the last one wins):
+    two graphs with one structure under two names count once."""
+    key = [k for k in _KEY if k in frame.columns]
+    return frame.drop_duplicates(subset=key, keep="last").reset_index(drop=True)

@@ -1,19 +1,19 @@
 """The study report: an HTML page with PNG figures and a recommendations table.
 
-The scenario table gives, per placer, scenario and cluster (`scenario_summary`): the
-rows, the share where one device cannot hold the step, the share where the best
-placement beats one device, the median speed-up over one device, and the share where the
-order matters: the best order beats the worst by more than 5%, beats the second (the
-fastest order that is not a construction tie of the best) beyond noise, and does so by
-more than 5%.
+The scenario table gives, per placer, scenario, coarsening level (`coarsening`) and cluster
+(`scenario_summary`): the rows, the share where one device cannot hold the step, the share
+where the best placement beats one device, the median speed-up over one device, and the
+share where the order matters: the best order beats the worst by more than 5%, beats the
+second (the fastest order that is not a construction tie of the best) beyond noise, and does
+so by more than 5%.
 
-For each placer and scenario in the store (clusters pooled):
+For each placer, scenario and coarsening level in the store (clusters pooled):
 
-- ``wins_<placer>_<scenario>.png``: per family, the winning share of each order (a graph
-  whose best order is tied with others credits each of them ``1 / n_ties``) and its mean
+- ``wins_<placer>_<scenario>_<level>.png``: per family, the winning share of each order (a
+  graph whose best order is tied with others credits each of them ``1 / n_ties``) and its mean
   rank (1 = fastest; tied means share the average rank), as heatmaps;
-- ``ratio_<placer>_<scenario>.png``: per order, the ratio of its step time to the best
-  order's on each graph (box plot over graphs, points for the graphs);
+- ``ratio_<placer>_<scenario>_<level>.png``: per order, the ratio of its step time to the
+  best order's on each graph (box plot over graphs, points for the graphs);
 - ``curves_<cluster>.png`` (when the store has ``rl`` runs): the mean RL learning curve
   per order, each run's step time per episode divided by its first episode's; the page
   says that every 5th episode is greedy (the saw-tooth);
@@ -26,9 +26,11 @@ For each placer and scenario in the store (clusters pooled):
 Heatmaps of more than a dozen families repeat the order names above them; log axes are
 labelled with plain numbers.
 
-The recommendations table gives, per placer, scenario and family (over its clusters), the
-order with the lowest geometric-mean ratio to the best order (ties: the larger winning share),
-that ratio, its winning share, the runner-up, and the ratio of ``topo`` for comparison.
+The recommendations table gives, per placer, scenario, coarsening level and family (over
+its clusters), the order with the lowest geometric-mean ratio to the best order (ties: the
+larger winning share), that ratio, its winning share, the runner-up, and for comparison the
+ratio of ``topo`` (of ``topo_lifo``, the published study's ``topo``, where ``topo`` did not
+run).
 
 Given ``evaluations`` (per placer, the predictor's leave-family-out evaluation on this
 study's dataset, which ``travorder study report --evaluate`` computes), the report adds
@@ -42,14 +44,21 @@ import io
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from travorder.errors import TravorderError
-from travorder.study.export import REL_TOL, dataset_frame, dataset_orders, study_filter
-from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario, scenario_definitions
+from travorder.study.export import (
+    REL_TOL,
+    dataset_orders,
+    is_store,
+    read_sources,
+    row_graph,
+    study_filter,
+)
 from travorder.study.store import ResultStore
 
 
@@ -89,6 +98,16 @@ def ranks(data: Any) -> Any:
     return ratios(data).rank(axis=1, method="average")
 
 
+def coarsening(data: Any) -> Any:
+    """Per row, the coarsening level of the graph its placer saw: ``"<=N nodes"`` (graphs
+    bigger than N were coarsened to N) or ``"none"``."""
+    import pandas as pd
+
+    caps = [json.loads(d).get("coarsen_max_nodes") or int(c)
+            for d, c in zip(data["scenario_def"], data["coarsen_max_nodes"], strict=True)]
+    return pd.Series([f"<={c} nodes" if c else "none" for c in caps], index=data.index)
+
+
 def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
     """The recommendations table (see the module docstring) as a DataFrame; column
     ``equivalent`` lists the orders whose mean ratio is within ``rel_tol`` of the
@@ -97,14 +116,15 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
 
     rows = []
     wins, ratio = win_shares(data), ratios(data)
-    for (placer, scenario, family), idx in data.groupby(
-            ["placer", "scenario", "family"]).groups.items():
+    reference = "topo" if "topo" in ratio else "topo_lifo"
+    for (placer, scenario, level, family), idx in data.groupby(
+            ["placer", "scenario", coarsening(data), "family"]).groups.items():
         share = wins.loc[idx].mean()
         geo = np.exp(np.log(ratio.loc[idx]).mean())
         ranked = sorted(share.index, key=lambda o: (geo[o], -share[o], o))
         best, second = ranked[0], ranked[1] if len(ranked) > 1 else None
         rows.append({
-            "placer": placer, "scenario": scenario, "family": family,
+            "placer": placer, "scenario": scenario, "coarsening": level, "family": family,
             "graphs": int(data.loc[idx, "graph"].nunique()),
             "clusters": int(data.loc[idx, "cluster"].nunique()),
             "recommended": best,
@@ -112,7 +132,7 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
             "win_share": float(share[best]),
             "mean_ratio": float(geo[best]),
             "runner_up": second, "runner_up_ratio": float(geo[second]) if second else None,
-            "topo_ratio": float(geo["topo"]) if "topo" in geo else None,
+            "topo_ratio": float(geo[reference]) if reference in geo else None,
         })
     return pd.DataFrame(rows)
 
@@ -125,22 +145,22 @@ MATTERS = 0.05
 
 
 def scenario_summary(data: Any, rel_tol: float = REL_TOL) -> Any:
-    """Per placer, scenario and cluster: ``rows``; ``one_device_infeasible`` (share of
-    rows where one device cannot hold the step); ``beats_one_device`` (share where the
-    best order's placement is feasible and, where one device fits, more than ``rel_tol``
-    faster than it); ``median_speedup`` over one device (rows where it fits);
-    ``no_feasible`` (rows where no order found a feasible placement);
+    """Per placer, scenario, coarsening level and cluster: ``rows``;
+    ``one_device_infeasible`` (share of rows where one device cannot hold the step);
+    ``beats_one_device`` (share where the best order's placement is feasible and, where one
+    device fits, more than ``rel_tol`` faster than it); ``median_speedup`` over one device
+    (rows where it fits); ``no_feasible`` (rows where no order found a feasible placement);
     ``order_matters_5pct`` (best vs worst order > `MATTERS`); ``beyond_noise`` (best vs
     second beyond noise, `travorder.study.export.tied_with`); ``second_5pct`` (best vs
-    second beyond noise and by more than `MATTERS`); ``median_gap_second`` (second /
-    best - 1)."""
+    second beyond noise and by more than `MATTERS`); ``median_gap_second`` (second / best -
+    1)."""
     import pandas as pd
 
     orders = dataset_orders(data)
     feasible = data[[f"feasible_{o}" for o in orders]].to_numpy() == 1.0
     rows = []
-    for (placer, scenario, cluster), idx in data.groupby(
-            ["placer", "scenario", "cluster"], sort=False).groups.items():
+    for (placer, scenario, level, cluster), idx in data.groupby(
+            ["placer", "scenario", coarsening(data), "cluster"], sort=False).groups.items():
         part = data.loc[idx]
         fits = part["single_device_feasible"].astype(bool)
         best_ok = feasible[data.index.get_indexer(idx)].any(axis=1)
@@ -148,7 +168,8 @@ def scenario_summary(data: Any, rel_tol: float = REL_TOL) -> Any:
         matters = part["gap_worst"] > MATTERS
         noise = ~part["second_tied"].astype(bool)
         rows.append({
-            "placer": placer, "scenario": scenario, "cluster": cluster, "rows": len(part),
+            "placer": placer, "scenario": scenario, "coarsening": level, "cluster": cluster,
+            "rows": len(part),
             "one_device_infeasible": float((~fits).mean()),
             "beats_one_device": float(beats.mean()),
             "median_speedup": float(part.loc[fits, "speedup"].median()) if fits.any()
@@ -250,17 +271,29 @@ def _ratio_plot(data: Any, path: Path, title: str) -> None:
     _save(fig, path)
 
 
-def _curves(store_path: str | os.PathLike[str], out: Path, study: str | None
-            ) -> list[Path]:
-    import matplotlib.pyplot as plt
+def _query(stores: list[Path], study: str | None, select: str, where: str
+           ) -> tuple[Any, dict[str, str]]:
+    """The finished jobs of ``stores`` (``SELECT select FROM jobs WHERE ... AND where``),
+    concatenated, and the cluster definitions by hash."""
     import pandas as pd
 
-    with ResultStore(store_path, create=False) as store:
-        where, params = study_filter(store, study)
-        runs = pd.read_sql_query(
-            "SELECT cluster, order_name, learning_curve FROM jobs WHERE status = 'done' "
-            f"AND placer = 'rl' AND learning_curve IS NOT NULL{where}", store.connection,
-            params=params)
+    frames, clusters = [], {}
+    for path in stores:
+        with ResultStore(path, create=False) as store:
+            extra, params = study_filter(store, study)
+            frames.append(pd.read_sql_query(
+                f"SELECT {select} FROM jobs WHERE status = 'done' AND {where}{extra}",
+                store.connection, params=params))
+            clusters |= dict(store.connection.execute(
+                "SELECT cluster_hash, definition FROM clusters").fetchall())
+    return pd.concat(frames, ignore_index=True), clusters
+
+
+def _curves(stores: list[Path], out: Path, study: str | None) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    runs, _ = _query(stores, study, "cluster, order_name, learning_curve",
+                     "placer = 'rl' AND learning_curve IS NOT NULL")
     paths = []
     for cluster, part in runs.groupby("cluster"):
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -281,24 +314,17 @@ def _curves(store_path: str | os.PathLike[str], out: Path, study: str | None
     return paths
 
 
-def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
-               study: str | None) -> list[tuple[str, Path]]:
+def _timelines(stores: list[Path], data: Any, out: Path, study: str | None
+               ) -> list[tuple[str, Path]]:
     """The timeline figures (see the module docstring): (placer and cluster, file)."""
-    import pandas as pd
-
     from travorder.placement import Cluster, Simulator
     from travorder.placement.timeline import plot_gantt
     from travorder.study.store import decode_placement
 
-    with ResultStore(store_path, create=False) as store:
-        where, params = study_filter(store, study)
-        jobs = pd.read_sql_query(
-            "SELECT graph_hash, graph_name, scenario, cluster, cluster_hash, placer, config_hash, "
-            "order_name, seed, step_time_us, placement, study_hash FROM jobs WHERE status = "
-            f"'done' AND placement IS NOT NULL{where}", store.connection, params=params)
-        clusters = dict(store.connection.execute(
-            "SELECT cluster_hash, definition FROM clusters").fetchall())
-        scenarios = scenario_definitions(store.connection)
+    jobs, clusters = _query(
+        stores, study, "graph_hash, graph_name, scenario, cluster, cluster_hash, placer, "
+        "config_hash, order_name, seed, step_time_us, placement, study_hash",
+        "placement IS NOT NULL")
     table = ratios(data).replace(np.inf, np.nan)
     figures = []
     for (placer, family), part in data.groupby(["placer", "family"]):
@@ -310,7 +336,7 @@ def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
         for idx in order:
             row = data.loc[idx]
             cluster = row["cluster"]
-            graph = _study_graph(row, scenarios.get(row["scenario"], DEFAULT_SCENARIO))
+            graph = row_graph(row)
             if graph is None:
                 continue
             worst = str(table.loc[idx].idxmax())
@@ -333,26 +359,6 @@ def _timelines(store_path: str | os.PathLike[str], data: Any, out: Path,
                 figures.append((f"{placer}, {family}: {row['scenario']} on {cluster}", path))
                 break
     return figures
-
-
-def _study_graph(row: Any, scenario: Scenario) -> Any:
-    """The prepared graph of a dataset row, or None if it cannot be found again."""
-    from travorder.datasets.corpus import load_corpus, read_manifest
-    from travorder.graph import load_graph
-
-    names = [e["name"] for e in read_manifest() if e["graph_hash"] == row["graph_hash"]]
-    try:
-        if names:
-            graph = load_corpus(names=names[0])[0]
-        elif isinstance(row["source"], str) and Path(row["source"]).is_file():
-            graph = load_graph(row["source"])
-        else:
-            return None
-    except TravorderError:
-        return None
-    if graph.graph_hash != row["graph_hash"]:
-        return None
-    return scenario.prepare(graph, bool(row["training"]), int(row["coarsen_max_nodes"]))
 
 
 def _table_html(table: Any) -> str:
@@ -380,26 +386,31 @@ def _evaluation_html(placer: str, ev: Any) -> str:
             + _table_html(table))
 
 
-def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[str],
-                 rel_tol: float = REL_TOL, study: str | None = None,
+def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                 out_dir: str | os.PathLike[str], study: str | None = None,
                  evaluations: dict[str, Any] | None = None) -> list[Path]:
-    """Write ``index.html`` and the figures for the store at ``store_path`` (or for its
-    study named ``study``, see `dataset_frame`) into ``out_dir`` (created if needed);
-    returns the files written. ``evaluations``: per placer, an evaluation with ``table``
-    and ``best_fixed`` (`travorder.predictor.evaluate.Evaluation`) to include."""
+    """Write ``index.html`` and the figures for ``sources`` (result stores, exported
+    datasets or bundled ones, see `read_sources`; of a store only its study named
+    ``study``, if given) into ``out_dir`` (created if needed); returns the files written.
+    The timelines and learning curves need the stores' jobs: datasets give the tables and
+    the per-scenario figures alone. ``evaluations``: per placer, an evaluation with
+    ``table`` and ``best_fixed`` (`travorder.predictor.evaluate.Evaluation`) to include."""
     import matplotlib
 
     matplotlib.use("Agg")
+    sources = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
+    stores = [Path(s) for s in sources if is_store(s)]
     out = Path(out_dir)
-    data = dataset_frame(store_path, rel_tol, study)  # a bad store: nothing written
+    data = read_sources(sources, study)  # bad input: nothing written
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     sections = []
-    for (placer, scenario), part in data.groupby(["placer", "scenario"], sort=False):
+    for (placer, scenario, level), part in data.groupby(
+            ["placer", "scenario", coarsening(data)], sort=False):
         part = part.reset_index(drop=True)
-        tag = f"{_slug(placer)}_{_slug(scenario)}"
+        tag = f"{_slug(placer)}_{_slug(scenario)}_{_slug(level).strip('_')}"
         clusters = ", ".join(sorted(part["cluster"].unique()))
-        title = f"{placer}, {scenario}: {len(part)} rows ({clusters})"
+        title = f"{placer}, {scenario}, coarsened {level}: {len(part)} rows ({clusters})"
         wins_png, ratio_png = out / f"wins_{tag}.png", out / f"ratio_{tag}.png"
         _heatmaps(part, wins_png, title)
         _ratio_plot(part, ratio_png, title)
@@ -407,7 +418,7 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
         sections.append(f"<h2>{html.escape(title)}</h2>\n"
                         f'<img src="{wins_png.name}" alt="winning share and rank">\n'
                         f'<img src="{ratio_png.name}" alt="ratio to the best order">')
-    timelines = _timelines(store_path, data, out, study)
+    timelines = _timelines(stores, data, out, study)
     written += [p for _, p in timelines]
     if timelines:
         sections.append("<h2>Timelines of the best and the worst order</h2>\n<p>Per family, "
@@ -415,14 +426,14 @@ def write_report(store_path: str | os.PathLike[str], out_dir: str | os.PathLike[
                         "(red: the critical path; docs/simulator.md).</p>\n" + "\n".join(
                             f'<h3>{html.escape(what)}</h3><img src="{p.name}" alt="timelines">'
                             for what, p in timelines))
-    curves = _curves(store_path, out, study)
+    curves = _curves(stores, out, study)
     written += curves
     sections += ["<h2>RL learning curves</h2>\n" + f"<p>{CURVES_NOTE}</p>\n" + "\n".join(
         f'<img src="{p.name}" alt="learning curves">' for p in curves)] if curves else []
-    summary = scenario_summary(data, rel_tol)
-    recs = recommendations(data, rel_tol)
-    sentences = "\n".join(_sentence(r, rel_tol) for r in recs.itertuples())
-    source = html.escape(Path(store_path).name)
+    summary = scenario_summary(data, REL_TOL)
+    recs = recommendations(data, REL_TOL)
+    sentences = "\n".join(_sentence(r, REL_TOL) for r in recs.itertuples())
+    source = html.escape(", ".join(Path(str(s)).name for s in sources))
     evaluation = "".join(_evaluation_html(p, ev) for p, ev in (evaluations or {}).items())
     if evaluation:
         evaluation = ("<h2>Predictor evaluation (leave-family-out)</h2>\n<p>Each family held "
@@ -435,15 +446,16 @@ table.rec td, table.rec th{{padding:2px 8px;text-align:left}}</style></head><bod
 <h1>travorder study report</h1>
 <p>{len(data)} rows (graph x scenario x cluster x placer) from <code>{source}</code>.
 An order wins a row when its mean step time over the seeds is the best or tied with it:
-within max({100 * rel_tol:g}%, two standard errors of the difference); orders that
+within max({100 * REL_TOL:g}%, two standard errors of the difference); orders that
 visited the same sequence or reached the same placement are tied by construction (see
 docs/study.md).</p>
 <h2>Where placement and the order matter</h2>
-<p>Per scenario and cluster: the share of rows where one device cannot hold the step,
-where the best placement beats one device, the median speed-up over one device, the rows
-where no order found a feasible placement, and the share where the order matters: best
-vs worst order &gt; {100 * MATTERS:g}%; best vs second-best (skipping construction ties)
-beyond noise; best vs second-best beyond noise and by more than {100 * MATTERS:g}%.</p>
+<p>Per scenario, coarsening level and cluster: the share of rows where one device cannot
+hold the step, where the best placement beats one device, the median speed-up over one
+device, the rows where no order found a feasible placement, and the share where the order
+matters: best vs worst order &gt; {100 * MATTERS:g}%; best vs second-best (skipping
+construction ties) beyond noise; best vs second-best beyond noise and by more than {100 *
+MATTERS:g}%.</p>
 {_table_html(summary)}
 <h2>Recommendations per network family</h2>
 <ul>
@@ -457,5 +469,5 @@ beyond noise; best vs second-best beyond noise and by more than {100 * MATTERS:g
     index = out / "index.html"
     index.write_text(page, encoding="utf-8")
     if not written:
-        raise TravorderError(f"{store_path}: nothing to report")
+        raise TravorderError(f"{source}: nothing to report")
     return [index, *written]
