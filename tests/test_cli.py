@@ -384,6 +384,25 @@ def config_home(monkeypatch, tmp_path) -> Path:
     return tmp_path / "config" / "travorder" / "model"
 
 
+def test_each_placer_has_its_own_default_model(capsys, datasets, config_home, tmp_path):
+    import pandas as pd
+
+    rl_data = tmp_path / "rl.csv"
+    pd.read_csv(datasets["learnable"]).assign(placer="rl").to_csv(rl_data, index=False)
+    code, text, err = run(capsys, "train", "--data", str(rl_data), "--placer", "rl",
+                          "--out", str(tmp_path / "m"), "--kinds", "classifier",
+                          "--use-as-default")
+    rl_home = config_home.with_name("model-rl")
+    assert code == 0 and f"installed as the default model: {rl_home}" in text, err
+    code, text, _ = run(capsys, "model", "show", "--placer", "rl")
+    assert f"active model: {rl_home} (user default)" in text and "placer: rl" in text
+    code, text, _ = run(capsys, "model", "show")  # greedy's default is untouched
+    assert "(bundled default)" in text and "placer: greedy" in text
+    code, text, _ = run(capsys, "model", "reset", "--placer", "rl")
+    assert code == 0 and f"removed the user default model {rl_home}" in text
+    assert not rl_home.exists()
+
+
 def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_path):
     import pandas as pd
 

@@ -374,3 +374,16 @@ def test_warns_when_the_graph_lies_outside_the_training_data(capsys, model_dir, 
     assert "outside the training data's range [1e+05, 2e+05]" in rec.warnings[0]
     code, out, _ = _run(capsys, onnx_model, "--predictor", str(d))
     assert code == 0 and "warning: graph feature n_nodes" in out and "confidence low" in out
+
+
+def test_warns_when_the_model_learned_from_another_placer(onnx_model):
+    from travorder.predictor.active import bundled_model_dir
+
+    model_dir = str(bundled_model_dir("m_etf"))  # no model of its own: greedy's
+    assert model_dir == str(bundled_model_dir())
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, placer="m_etf")
+    assert rec.confidence == "low"
+    assert rec.warnings[0] == ("the model learned from greedy's placements, not m_etf's: "
+                               "its orders are greedy's best")
+    assert not any("learned from" in w for w in recommend_order(
+        onnx_model, "k80x3", predictor=model_dir).warnings)

@@ -167,7 +167,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         raise TravorderError(f"the time budget must be a number of seconds >= 0, not {budget}")
     if budget is not None and verify:
         raise TravorderError("give a time budget or a shortlist size, not both")
-    est, manifest, description = load_predictor(predictor)
+    est, manifest, description = load_predictor(predictor, placer)
     scenario = user_scenario(batch, micro_batches, manifest)
     # Features of the graph as the study that trained the predictor placed it.
     prepared = scenario.prepare(g, manifest.get("training", True),
@@ -175,6 +175,10 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     placed = placed_graph(g, training, batch, micro_batches)
     row = feature_row(graph_features(prepared), c, features_of(prepared, c, compiled=False))
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
+    learned_from = manifest.get("placer", placer)
+    if learned_from != placer:
+        warnings.insert(0, f"the model learned from {learned_from}'s placements, not "
+                           f"{placer}'s: its orders are {learned_from}'s best")
     row |= structure_features(prepared, row, est, manifest)
     scores = est.scores(row)[0]  # once: every tree of the model runs here
     proba = softmax(scores)

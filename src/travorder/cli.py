@@ -511,17 +511,17 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 def cmd_model_reset(args: argparse.Namespace) -> None:
     from travorder.predictor.active import active_model_dir, reset_default
 
-    removed = reset_default()
-    directory, why = active_model_dir()
+    removed = reset_default(args.placer)
+    directory, why = active_model_dir(placer=args.placer)
     print(f"removed the user default model {removed}" if removed is not None
           else "no user default model was installed")
-    print(f"recommend-order now uses {directory} ({why})")
+    print(f"recommend-order --placer {args.placer} now uses {directory} ({why})")
 
 
 def cmd_model_show(args: argparse.Namespace) -> None:
     from travorder.predictor.active import load_predictor
 
-    _, manifest, where = load_predictor(args.predictor)
+    _, manifest, where = load_predictor(args.predictor, args.placer)
     if args.json:
         _print_json({"model": where, "manifest": manifest})
         return
@@ -662,12 +662,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("model", help="the active order-prediction model")
     msub = p.add_subparsers(dest="model_command", required=True, metavar="COMMAND")
-    q = msub.add_parser("show", help="which model recommend-order uses, and its manifest")
+    placer_opt = argparse.ArgumentParser(add_help=False)
+    placer_opt.add_argument("--placer", default="greedy",
+                            help="the placer whose model (default: greedy)")
+    q = msub.add_parser("show", parents=[placer_opt],
+                        help="which model recommend-order uses, and its manifest")
     q.add_argument("--predictor", metavar="DIR", help="show this model directory instead")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_model_show)
-    q = msub.add_parser("reset", help="remove the model installed by train "
-                                      "--use-as-default: back to the bundled model")
+    q = msub.add_parser("reset", parents=[placer_opt], help="remove the model installed by "
+                        "train --use-as-default: back to the bundled model")
     q.set_defaults(func=cmd_model_reset)
 
     p = sub.add_parser("calibrate", help="measure this machine's devices and links into a "

@@ -1,9 +1,12 @@
 """Which predictor `recommend-order` uses: the user's own, or the bundled default.
 
+A predictor learns from one placer's study results, so each placer has its own default.
 Resolution order: an explicit path; the ``TRAVORDER_MODEL`` environment variable; the
-model installed by ``travorder train --use-as-default`` in the user's config directory
-(``$XDG_CONFIG_HOME/travorder/model``, else ``~/.config/travorder/model``); the default
-model shipped inside the package. ``travorder model reset`` removes the user's model.
+model installed for the placer by ``travorder train --use-as-default`` in the user's
+config directory (``$XDG_CONFIG_HOME/travorder/model`` for ``greedy``,
+``.../model-<placer>`` for the others; ``~/.config`` without ``XDG_CONFIG_HOME``); the
+placer's model shipped inside the package (``default`` for ``greedy``, ``default_rl`` for
+``rl``), else the greedy one. ``travorder model reset`` removes the user's model.
 """
 
 from __future__ import annotations
@@ -19,28 +22,39 @@ from travorder.errors import TravorderError
 from travorder.featurize import FEATURE_SCHEMA_VERSION
 from travorder.predictor.model import MANIFEST, OrderPredictor
 
-
-def bundled_model_dir() -> Path:
-    """The default model shipped in the package."""
-    return Path(str(resources.files("travorder.predictor") / "default"))
+#: The placer whose model is the fallback for placers without one of their own.
+DEFAULT_PLACER = "greedy"
 
 
-def user_model_dir() -> Path:
-    """Where ``travorder train --use-as-default`` installs a model."""
+def _suffix(placer: str, sep: str) -> str:
+    return "" if placer == DEFAULT_PLACER else f"{sep}{placer}"
+
+
+def bundled_model_dir(placer: str = DEFAULT_PLACER) -> Path:
+    """The default model for ``placer`` shipped in the package (the greedy one for a
+    placer without a model of its own)."""
+    base = resources.files("travorder.predictor")
+    own = Path(str(base / f"default{_suffix(placer, '_')}"))
+    return own if (own / MANIFEST).exists() else Path(str(base / "default"))
+
+
+def user_model_dir(placer: str = DEFAULT_PLACER) -> Path:
+    """Where ``travorder train --use-as-default`` installs a model of ``placer``."""
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "travorder" / "model"
+    return Path(base) / "travorder" / f"model{_suffix(placer, '-')}"
 
 
-def active_model_dir(path: str | os.PathLike[str] | None = None) -> tuple[Path, str]:
-    """``(directory, why)``: the predictor to use and why it was chosen."""
+def active_model_dir(path: str | os.PathLike[str] | None = None,
+                     placer: str = DEFAULT_PLACER) -> tuple[Path, str]:
+    """``(directory, why)``: the predictor to use for ``placer`` and why it was chosen."""
     if path is not None:
         return Path(path), "given"
     env = os.environ.get("TRAVORDER_MODEL")
     if env:
         return Path(env), "TRAVORDER_MODEL"
-    if (user_model_dir() / MANIFEST).exists():
-        return user_model_dir(), "user default"
-    return bundled_model_dir(), "bundled default"
+    if (user_model_dir(placer) / MANIFEST).exists():
+        return user_model_dir(placer), "user default"
+    return bundled_model_dir(placer), "bundled default"
 
 
 @lru_cache(maxsize=4)
@@ -54,18 +68,20 @@ def _load(directory: str) -> tuple[OrderPredictor, dict[str, Any]]:
     return predictor, manifest
 
 
-def load_predictor(path: str | os.PathLike[str] | None = None
-                   ) -> tuple[OrderPredictor, dict[str, Any], str]:
-    """``(predictor, manifest, description)`` of the active (or given) model."""
-    directory, why = active_model_dir(path)
+def load_predictor(path: str | os.PathLike[str] | None = None,
+                   placer: str = DEFAULT_PLACER) -> tuple[OrderPredictor, dict[str, Any], str]:
+    """``(predictor, manifest, description)`` of the active (or given) model for
+    ``placer``."""
+    directory, why = active_model_dir(path, placer)
     predictor, manifest = _load(str(directory))
     return predictor, manifest, f"{directory} ({why})"
 
 
 def install_as_default(directory: str | os.PathLike[str]) -> Path:
-    """Copy a saved model to the user's config directory, replacing any earlier one."""
-    _load(str(directory))  # refuse to install a model that does not load
-    target = user_model_dir()
+    """Copy a saved model to the user's config directory as the default for the placer it
+    learned from, replacing any earlier one."""
+    _, manifest = _load(str(directory))  # refuse to install a model that does not load
+    target = user_model_dir(manifest.get("placer", DEFAULT_PLACER))
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(directory, tmp)
@@ -74,10 +90,11 @@ def install_as_default(directory: str | os.PathLike[str]) -> Path:
     return target
 
 
-def reset_default() -> Path | None:
-    """Remove the model installed by `install_as_default`, so that the bundled model (or
-    ``TRAVORDER_MODEL``) is used again; returns the directory removed, or None."""
-    target = user_model_dir()
+def reset_default(placer: str = DEFAULT_PLACER) -> Path | None:
+    """Remove the model of ``placer`` installed by `install_as_default`, so that the
+    bundled model (or ``TRAVORDER_MODEL``) is used again; returns the directory removed,
+    or None."""
+    target = user_model_dir(placer)
     if not target.exists():
         return None
     shutil.rmtree(target)
