@@ -5,12 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import travorder.study
 from tests.strategies import random_dags
 from travorder.datasets.synthetic import chain
 from travorder.errors import GraphError, TravorderError
@@ -22,7 +24,7 @@ from travorder.study import run_study
 from travorder.study.export import bundled_dataset, dataset_frame
 from travorder.study.jobs import cluster_hash
 from travorder.study.scenarios import Scenario, parse_scenarios
-from travorder.study.spec import StudySpec
+from travorder.study.spec import StudySpec, load_spec
 
 K80 = load_cluster("k80x3")
 SEEDS = st.integers(0, 2**31 - 1)
@@ -134,7 +136,7 @@ def test_perturbation_names_and_definitions():
 
 
 def test_bundled_scenarios_keep_their_definitions():
-    for which in ("greedy", "rl"):
+    for which in ("greedy", "rl", "greedy-perturbed"):
         for text in set(bundled_dataset(which)["scenario_def"]):
             s = Scenario.from_dict(json.loads(text))
             assert json.dumps(s.to_dict(), sort_keys=True) == text
@@ -181,3 +183,16 @@ def test_perturbed_study_exports_its_scenario(tmp_path):
     assert row["scenario"] == "batch=train,mb=2,opnoise=0.2,edgenoise=0.2,lat=5"
     assert json.loads(row["scenario_def"])["op_noise"] == 0.2
     assert row["best_time_us"] > 0 and row["s_micro_batches"] == 2
+
+
+def test_bundled_perturbed_spec_is_the_greedy_spec_with_noise():
+    specs = Path(travorder.study.__file__).parent / "specs"
+    base, spec = load_spec(specs / "greedy.toml"), load_spec(specs / "greedy-perturbed.toml")
+    a, b = base.to_dict(), spec.to_dict()
+    for key in ("orders", "seeds", "order_seeds", "clusters", "placer", "graphs"):
+        assert a[key] == b[key], key
+    plain = {s.name: s for s in base.scenarios}
+    for s in spec.scenarios:
+        assert (s.op_noise, s.edge_noise, s.latency_us) == (0.2, 0.2, 5.0)
+        twin = dataclasses.replace(s, name="", op_noise=0.0, edge_noise=0.0, latency_us=0.0)
+        assert twin.name in plain and twin == plain[twin.name]
