@@ -188,6 +188,8 @@ def test_scenario_names_and_product():
     ({"memory": 0.0}, r"memory must be a fraction in \(0, 1\]"),
     ({"memory": 1.5}, r"memory must be a fraction in \(0, 1\]"),
     ({"memroy": 0.5}, "unknown scenario key 'memroy'"),
+    ({"op_noise": -0.2}, "op_noise must be a finite number >= 0, got -0.2"),
+    ({"latency_us": "5us"}, "latency_us must be a finite number >= 0"),
 ])
 def test_bad_scenarios_are_one_line_and_write_nothing(tmp_path, capsys, table, message):
     lines = "\n".join(f"{k} = {json.dumps(v)}" for k, v in table.items())

@@ -36,7 +36,7 @@ LINK_MODELS = ("bus", "channel", "link")
 #: exactly (``placeto``: bus links only); ``docs/simulator.md`` compares them.
 SEMANTICS = ("travorder", "placeto")
 
-_DEVICE_KEYS = ("name", "peak_flops", "mem_bw", "memory", "launch_us")
+_DEVICE_KEYS = ("name", "peak_flops", "mem_bw", "memory", "launch_us", "min_op_us")
 _CLUSTER_KEYS = ("name", "description", "link_model", "busy_after_us", "param_copies",
                  "semantics", "devices", "links")
 
@@ -52,7 +52,9 @@ class Device:
     """One accelerator.
 
     ``peak_flops`` in FLOP/s, ``mem_bw`` in B/s, ``memory`` in bytes (``math.inf`` for
-    unlimited), ``launch_us``: the gap after each op (launch overhead), in us.
+    unlimited), ``launch_us``: the gap after each op (launch overhead), in us;
+    ``min_op_us``: the shortest time an op that does any work takes on it, in us (a
+    kernel's floor, as measured kernels have; 0: none).
     """
 
     name: str
@@ -60,6 +62,7 @@ class Device:
     mem_bw: float
     memory: float = math.inf
     launch_us: float = 0.0
+    min_op_us: float = 0.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
@@ -75,9 +78,11 @@ class Device:
         if not self.memory > 0:
             raise TravorderError(f"device {self.name!r}: memory must be positive (inf for "
                                  f"unlimited), got {self.memory}")
-        if not (0 <= self.launch_us < math.inf):
-            raise TravorderError(f"device {self.name!r}: launch_us must be finite and "
-                                 f"non-negative, got {self.launch_us}")
+        for key in ("launch_us", "min_op_us"):
+            v = getattr(self, key)
+            if not (0 <= v < math.inf):
+                raise TravorderError(f"device {self.name!r}: {key} must be finite and "
+                                     f"non-negative, got {v}")
 
 
 def _pair_matrix(value: Any, n: int, what: str) -> np.ndarray:
@@ -190,7 +195,9 @@ class Cluster:
             "param_copies": self.param_copies,
             # only when not the default, so existing clusters keep their definition hash
             **({"semantics": self.semantics} if self.semantics != "travorder" else {}),
-            "devices": [{k: getattr(d, k) for k in _DEVICE_KEYS} for d in self.devices],
+            # min_op_us likewise
+            "devices": [{k: getattr(d, k) for k in _DEVICE_KEYS
+                         if k != "min_op_us" or d.min_op_us} for d in self.devices],
             "links": {"bandwidth": pairs(self.bandwidth), "latency": pairs(self.latency)},
         }
 
@@ -357,7 +364,8 @@ def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     first device and scaled by ``peak_flops[0] / peak_flops[d]`` on device ``d`` (so
     unchanged on a homogeneous cluster). Otherwise a roofline estimate
     ``max(flops / peak_flops, bytes / mem_bw)`` with ``bytes`` = input edge bytes +
-    ``output_bytes`` + ``param_bytes``. The device's ``launch_us`` gap is added to both
+    ``output_bytes`` + ``param_bytes``. Either is raised to the device's ``min_op_us``
+    where it is not 0. The device's ``launch_us`` gap is added to both
     (under ``placeto`` semantics only to ops whose time is not 0, as in Placeto).
 
     >>> g = OpGraph(["a"], [], [], flops=[4.37e6])
@@ -386,5 +394,8 @@ def work_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     roofline = np.maximum(graph.flops[:, None] / peak, moved[:, None] / mem_bw) * 1e6
     measured = graph.time_us[:, None] * (peak[0] / peak)
     t = np.where(np.isnan(graph.time_us)[:, None], roofline, measured)
+    floor = np.array([d.min_op_us for d in cluster.devices])
+    if floor.any():  # an op that does no work (a constant, a shape op) runs no kernel
+        t = np.where(t > 0, np.maximum(t, floor), t)
     t.flags.writeable = False
     return t

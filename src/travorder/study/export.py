@@ -59,7 +59,8 @@ REL_TOL = 0.01
 Z = 2.0
 
 #: The datasets of the bundled study, in ``travorder/study/data``: each name's parts.
-BUNDLED_DATASETS = {"greedy": ("greedy.parquet",), "rl": ("rl.parquet",)}
+BUNDLED_DATASETS = {"greedy": ("greedy.parquet",), "rl": ("rl.parquet",),
+                    "greedy-perturbed": ("greedy-perturbed.parquet",)}
 
 _GROUP = ["graph_hash", "graph_name", "scenario", "cluster", "cluster_hash", "placer",
           "config_hash", "placer_options", "training", "coarsen_max_nodes"]
@@ -305,8 +306,8 @@ def dataset_orders(data: Any) -> list[str]:
 
 
 def bundled_dataset(name: str = "greedy") -> Any:
-    """A dataset of the bundled study (``"greedy"`` or ``"rl"``, its parts concatenated;
-    see docs/study.md)."""
+    """A dataset of the bundled study (``"greedy"``, ``"rl"`` or ``"greedy-perturbed"``, its
+    parts concatenated; see docs/study.md)."""
     if name not in BUNDLED_DATASETS:
         raise TravorderError(f"unknown bundled dataset {name!r} (expected "
                              f"{', '.join(BUNDLED_DATASETS)})")

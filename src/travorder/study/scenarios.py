@@ -10,11 +10,17 @@ A `Scenario` is a study axis beside graphs x clusters x orders x seeds:
 - ``memory``: every device's memory set to this fraction of the step's single-device
   peak (1.0: it just fits; 0.5: at least two devices are needed); unset: the cluster's;
 - ``coarsen_max_nodes``: overrides the spec's coarsening for this scenario (applied
-  before pipelining, so a pipelined graph has up to ``m`` times as many nodes).
+  before pipelining, so a pipelined graph has up to ``m`` times as many nodes);
+- ``op_noise``, ``edge_noise``, ``perturb_seed``: the estimated costs scattered as
+  measured ones are (`travorder.graph.perturb.perturb_costs`): each op's FLOPs and each
+  edge's bytes times a mean-1 log-normal factor of log-scale standard deviation
+  ``op_noise`` / ``edge_noise`` (0.2: about 20%), drawn with ``perturb_seed``;
+- ``latency_us``: every device's ``min_op_us``: no op that does any work takes less.
 
-The order of the transformations: batch, training step, coarsening, pipelining, memory.
-A scenario's ``name`` (derived when not given) goes into the job key, the store and the
-dataset.
+The order of the transformations: batch, training step, cost noise, coarsening,
+pipelining, memory and latency floor. A scenario's ``name`` (derived when not given) goes
+into the job key, the store and the dataset; the perturbation settings appear in the name
+and the definition only when they are set, so every other scenario keeps its key.
 
 >>> s = Scenario(batch="train", micro_batches=4)
 >>> s.name
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,11 +46,15 @@ from travorder.errors import TravorderError
 from travorder.featurize.scenario import scenario_features
 from travorder.graph import OpGraph, prepare_graph
 from travorder.graph.batch import scale_batch
+from travorder.graph.perturb import perturb_costs
 from travorder.graph.pipeline import pipeline_graph
 from travorder.placement.clusters import Cluster, compute_times
 
 #: The keys a scenario table may have.
-SCENARIO_KEYS = ("name", "batch", "micro_batches", "memory", "coarsen_max_nodes")
+SCENARIO_KEYS = ("name", "batch", "micro_batches", "memory", "coarsen_max_nodes",
+                 "op_noise", "edge_noise", "latency_us", "perturb_seed")
+#: The perturbation keys: left out of a scenario's definition where they are 0.
+_PERTURB_KEYS = SCENARIO_KEYS[5:]
 
 #: Training batch per family where it differs from the default of its kind (below).
 FAMILY_TRAINING_BATCH: Mapping[str, int] = {
@@ -85,6 +96,10 @@ class Scenario:
     memory: float | None = None
     coarsen_max_nodes: int | None = None
     name: str = ""
+    op_noise: float = 0.0
+    edge_noise: float = 0.0
+    latency_us: float = 0.0
+    perturb_seed: int = 0
 
     def __post_init__(self) -> None:
         b = self.batch
@@ -104,6 +119,15 @@ class Scenario:
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 0):
             raise TravorderError(f"scenario coarsen_max_nodes must be an integer >= 0, "
                                  f"got {c!r}")
+        for key in ("op_noise", "edge_noise", "latency_us"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+                raise TravorderError(f"scenario {key} must be a finite number >= 0, "
+                                     f"got {v!r}")
+            object.__setattr__(self, key, float(v))  # 5 and 5.0: one definition
+        p = self.perturb_seed
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise TravorderError(f"scenario perturb_seed must be an integer >= 0, got {p!r}")
         if not isinstance(self.name, str):
             raise TravorderError(f"scenario name must be a string, got {self.name!r}")
         if not self.name:
@@ -117,6 +141,10 @@ class Scenario:
             parts.append(f"mem={self.memory:g}")
         if self.coarsen_max_nodes is not None:
             parts.append(f"coarsen={self.coarsen_max_nodes}")
+        for key, short in (("op_noise", "opnoise"), ("edge_noise", "edgenoise"),
+                           ("latency_us", "lat"), ("perturb_seed", "pseed")):
+            if getattr(self, key):
+                parts.append(f"{short}={getattr(self, key):g}")
         return ",".join(parts)
 
     @classmethod
@@ -134,8 +162,10 @@ class Scenario:
             raise TravorderError(f"{where}: {exc}") from None
 
     def to_dict(self) -> dict[str, Any]:
-        """The definition (what the job's config hash covers)."""
-        return dataclasses.asdict(self)
+        """The definition (what the job's config hash covers); perturbation settings only
+        where they are set, so that the scenarios before them keep their definition."""
+        return {k: v for k, v in dataclasses.asdict(self).items()
+                if k not in _PERTURB_KEYS or v}
 
     def batch_for(self, graph: OpGraph) -> int | None:
         """The batch ``graph`` is costed at in this scenario (None: as exported)."""
@@ -144,16 +174,26 @@ class Scenario:
         return training_batch(graph) if self.batch == "train" else int(self.batch)
 
     def prepare(self, graph: OpGraph, training: bool, coarsen_max_nodes: int) -> OpGraph:
-        """The graph a placer sees: batch, training step, coarsening, pipelining."""
+        """The graph a placer sees: batch, training step, cost noise, coarsening,
+        pipelining."""
         batch = self.batch_for(graph)
         g = graph if batch is None else scale_batch(graph, batch)
         coarsen = coarsen_max_nodes if self.coarsen_max_nodes is None \
             else self.coarsen_max_nodes
+        if self.op_noise or self.edge_noise:  # on the step's own ops, then coarsened
+            g = perturb_costs(prepare_graph(g, training), self.op_noise, self.edge_noise,
+                              self.perturb_seed)
+            training = False
         return pipeline_graph(prepare_graph(g, training, coarsen), self.micro_batches)
 
     def cluster_for(self, prepared: OpGraph, cluster: Cluster) -> Cluster:
-        """``cluster`` with its memory set from the scenario's fraction of ``prepared``'s
-        single-device peak (``cluster`` itself when the scenario sets no memory)."""
+        """``cluster`` with every device's ``min_op_us`` set to the scenario's
+        ``latency_us`` and its memory to the scenario's fraction of ``prepared``'s
+        single-device peak on it (``cluster`` itself when the scenario sets neither)."""
+        if self.latency_us:
+            cluster = dataclasses.replace(cluster, devices=tuple(
+                dataclasses.replace(d, min_op_us=float(self.latency_us))
+                for d in cluster.devices))
         if self.memory is None:
             return cluster
         capacity = self.memory * single_device_peak(prepared, cluster)

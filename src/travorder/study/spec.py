@@ -25,7 +25,9 @@ A spec is a TOML file (paths in it are relative to the file)::
 
     [[scenarios]]                     # optional, see travorder.study.scenarios; or one
     batch = "train"                   # [scenarios] table of lists for their product
-    micro_batches = 4
+    micro_batches = 4                 # also: memory, coarsen_max_nodes, name, and cost
+    op_noise = 0.2                    # perturbation: op_noise, edge_noise, latency_us,
+    latency_us = 5.0                  # perturb_seed
 
 The jobs are the product graphs x scenarios x clusters x orders x seeds (an order's seeds
 come from ``order_seeds`` when it is listed there). Every problem in a spec is one

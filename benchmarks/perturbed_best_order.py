@@ -1,0 +1,84 @@
+"""Does the best order survive perturbed costs? A perturbed study against its twin.
+
+Each row of a perturbed dataset (scenarios with ``op_noise``, ``edge_noise``,
+``latency_us``) is matched with the row of the unperturbed dataset for the same graph,
+cluster and placer in the scenario without the perturbation settings. Per scenario and
+cluster it prints the matched rows and
+
+- ``differs``: the share where the perturbed best order is not the unperturbed one;
+- ``outside ties``: the share where it is not even among the unperturbed row's ties
+  (the label the predictor learns);
+- ``regret``: mean and median of the unperturbed best order's step time on the
+  perturbed costs over the perturbed best's, minus 1 (what keeping the order found on
+  the estimates costs).
+
+    python benchmarks/perturbed_best_order.py [--perturbed bundled:greedy-perturbed]
+                                              [--base bundled:greedy]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import pandas as pd
+
+from travorder.study.export import bundled_dataset, load_dataset
+from travorder.study.scenarios import Scenario
+
+
+def _load(where: str) -> pd.DataFrame:
+    if where.startswith("bundled:"):
+        return bundled_dataset(where.removeprefix("bundled:"))
+    return load_dataset(where)
+
+
+def unperturbed_name(definition: str) -> str:
+    """The name of a scenario without its perturbation settings."""
+    d = json.loads(definition)
+    d.pop("name")
+    for key in ("op_noise", "edge_noise", "latency_us", "perturb_seed"):
+        d.pop(key, None)
+    return Scenario.from_dict(d).name
+
+
+def compare(perturbed: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
+    """One row per perturbed scenario and cluster (module docstring)."""
+    p = perturbed.assign(base_scenario=perturbed["scenario_def"].map(unperturbed_name))
+    keys = ["graph_hash", "graph", "cluster", "placer"]
+    b = base[[*keys, "scenario", "best_order", "ties"]].rename(
+        columns={"scenario": "base_scenario", "best_order": "base_best",
+                 "ties": "base_ties"})
+    m = p.merge(b, on=[*keys, "base_scenario"], how="inner")
+    own = m.apply(lambda r: r[f"time_{r['base_best']}"], axis=1)
+    m = m.assign(differs=m["best_order"] != m["base_best"],
+                 outside=[o not in t.split(",") for o, t in zip(m["best_order"],
+                                                                m["base_ties"], strict=True)],
+                 regret=own / m["best_time_us"] - 1)
+    return m.groupby(["scenario", "cluster"]).agg(
+        rows=("differs", "size"), differs=("differs", "mean"),
+        outside_ties=("outside", "mean"), regret_mean=("regret", "mean"),
+        regret_median=("regret", "median")).reset_index()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--perturbed", default="bundled:greedy-perturbed")
+    parser.add_argument("--base", default="bundled:greedy")
+    args = parser.parse_args()
+    perturbed = _load(args.perturbed)
+    table = compare(perturbed, _load(args.base))
+    print(f"{len(perturbed)} perturbed rows, {int(table['rows'].sum())} matched")
+    print(f"{'scenario':62} {'cluster':14} {'rows':>5} {'differs':>8} {'outside ties':>13} "
+          f"{'regret mean':>12} {'median':>7}")
+    for r in table.itertuples(index=False):
+        print(f"{r.scenario:62} {r.cluster:14} {r.rows:5d} {r.differs:8.1%} "
+              f"{r.outside_ties:13.1%} {r.regret_mean:12.2%} {r.regret_median:7.2%}")
+    total = np.average(table["differs"], weights=table["rows"])
+    print(f"all: differs {total:.1%}, outside ties "
+          f"{np.average(table['outside_ties'], weights=table['rows']):.1%}")
+
+
+if __name__ == "__main__":
+    main()
