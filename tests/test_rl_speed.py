@@ -76,7 +76,8 @@ def test_flat_adam_matches_torch_adam_with_clipping() -> None:
     x = torch.randn(16, 4)
     for _ in range(5):
         for model, step in ((net, flat.step), (ref, adam.step)):
-            for p in model.parameters():
+            flat.zero_grad()
+            for p in ref.parameters():
                 p.grad = None
             (model(x) ** 2).sum().backward()
             if model is ref:

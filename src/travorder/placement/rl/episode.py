@@ -111,9 +111,10 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
           b3, greedy, uniforms, reset_cands, contexts, masks, actions,
           rewards):  # pragma: no cover - compiled
     """Play one episode in place; ``state`` is ``[cost, step, feasible, overflow,
-    best_cost, best_step, best_feasible, best_overflow]``; ``reset_cands`` holds the first node's candidates (step
-    times, feasibility, overflow) when the reset simulated them, else is empty. Returns
-    how many uniforms were used and how many placements were simulated."""
+    best_cost, best_step, best_feasible, best_overflow]``; ``reset_cands`` holds the
+    first node's candidates (step times, feasibility, overflow) when the reset simulated
+    them, else is empty. Returns how many uniforms were used and how many placements
+    were simulated."""
     n = order.size
     n_dev = masks.shape[1]
     decided = np.zeros(bounds.size - 1, dtype=np.bool_)
