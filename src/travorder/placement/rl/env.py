@@ -124,6 +124,7 @@ class PlacementEnv(gym.Env):
         self.memory, self.memory_penalty = memory, float(memory_penalty)
         self.colocate = colocate
         self.simulations = 0  # placements simulated for costs and masks (not start times)
+        self._start_of = np.empty(0, dtype=np.int64)  # the placement of the start times
         self.sim = simulator or Simulator(graph, cluster)
         self.capacity = np.array([d.memory for d in cluster.devices])
         self.always_fits = bool(worst_case_memory(graph, cluster) <= self.capacity.min())
@@ -225,8 +226,10 @@ class PlacementEnv(gym.Env):
         self.placement = self.best_placement.copy()
         self.cost, self.step_us = self.best_cost, self.best_step_us
         self.feasible, self.overflow = self.best_feasible, self.best_overflow
-        r = self.sim.run(self.placement)
-        self._start = r.start_us / r.step_time_us if r.step_time_us > 0 else r.start_us
+        if not np.array_equal(self.placement, self._start_of):  # else the same start times
+            r = self.sim.run(self.placement)
+            self._start = r.start_us / r.step_time_us if r.step_time_us > 0 else r.start_us
+            self._start_of = self.placement.copy()
         self.done = np.zeros(self.graph.n_nodes, dtype=np.int8)
         self._decided = np.zeros(self._bounds.size - 1, dtype=bool)
         self.t = 0
