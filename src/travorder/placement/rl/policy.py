@@ -260,7 +260,9 @@ def _context(v, rows, total, ptr, idx, n_devices):  # pragma: no cover - compile
     sums[0] = rows[v]
     for k in range(ptr.shape[0]):
         for j in range(ptr[k, v], ptr[k, v + 1]):
-            sums[k + 1] += rows[idx[j]]
+            u = idx[j]
+            for c in range(width):  # element by element: no row view per member
+                sums[k + 1, c] += rows[u, c]
     # the parallel set by difference; its sums may keep rounding residue when it is empty
     sums[n_sets - 1] = total - sums[0] - sums[3] - sums[4]
     tiny = 1e-9 * total[width - 1]
