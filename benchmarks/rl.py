@@ -23,7 +23,8 @@ with its copies: as many decisions, ``M`` times the nodes).
 Side by side: ``--against SRC`` runs the benchmark (compiled engine) alternately with
 this source tree and with ``SRC`` (the ``src`` folder of another checkout, e.g. the
 base commit), each in a fresh process, ``--pairs`` times, and prints both CPU times per
-run, their paired ratios and medians, and whether both runs gave the same result.
+run, their paired ratios and medians, the simulations per run, and whether both runs
+gave the same result.
 
     python benchmarks/rl.py [--family inception] [--preset paper] [--episodes N]
                             [--order topo_lifo] [--engine both] [--repeat 2]
@@ -133,7 +134,7 @@ def side_by_side(args: argparse.Namespace) -> int:
     trees = {"this": Path(__file__).resolve().parents[1] / "src",
              "against": Path(args.against).resolve()}
     cpu: dict[str, list[float]] = {name: [] for name in trees}
-    results = {}
+    results, simulations = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(args.pairs):
             for name, src in trees.items():
@@ -144,10 +145,12 @@ def side_by_side(args: argparse.Namespace) -> int:
                 figures = json.loads(out.read_text())["engines"]["compiled"]
                 cpu[name].append(figures["cpu_s"])
                 results[name] = (figures["best_step_time_us"], figures["curve_sum_us"])
+                simulations[name] = figures["simulations"]
     ratios = [b / a for a, b in zip(cpu["this"], cpu["against"], strict=True)]
     for name, src in trees.items():
         print(f"  {name:>7} ({src}): CPU per run " + ", ".join(f"{c:.3f}" for c in cpu[name])
-              + f" s; median {statistics.median(cpu[name]):.3f} s")
+              + f" s; median {statistics.median(cpu[name]):.3f} s; {simulations[name]} "
+              "simulations")
     print("  against / this, paired: " + ", ".join(f"{r:.2f}x" for r in ratios)
           + f"; median {statistics.median(ratios):.2f}x; same result: "
           f"{results['this'] == results['against']}")
