@@ -15,24 +15,43 @@ runs per second, and the split of a run: *play* (the episodes: decisions and sim
 loss, backward, clipping, Adam), the rest (set-up, resets); the number of placements
 simulated and the best step time next to ``single``.
 
+``--memory F`` gives every device ``F`` times the graph's single-device peak memory
+(the memory-pressured case: every decision simulates its candidates for the mask);
+``--micro-batches M`` pipelines the graph into ``M`` micro-batches (each op colocated
+with its copies: as many decisions, ``M`` times the nodes).
+
+Side by side: ``--against SRC`` runs the benchmark (compiled engine) alternately with
+this source tree and with ``SRC`` (the ``src`` folder of another checkout, e.g. the
+base commit), each in a fresh process, ``--pairs`` times, and prints both CPU times per
+run, their paired ratios and medians, the simulations per run, and whether both runs
+gave the same result.
+
     python benchmarks/rl.py [--family inception] [--preset paper] [--episodes N]
                             [--order topo_lifo] [--engine both] [--repeat 2]
-                            [--seed 0] [--json OUT]
+                            [--seed 0] [--memory F] [--micro-batches M] [--json OUT]
+                            [--against SRC [--pairs 3]]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from travorder.datasets import synthetic
 from travorder.graph import training_graph
+from travorder.graph.pipeline import pipeline_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import place_graph
 from travorder.placement.rl.trainer import ENGINES, PRESETS, RLConfig, train
+from travorder.study.scenarios import Scenario
 
 SIZES = {"inception": {"n_modules": 5}, "resnet": {}, "transformer": {"n_layers": 3},
          "enas_cnn": {"n_cells": 4}, "seq2seq": {"src_len": 10, "tgt_len": 10}}
@@ -47,18 +66,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine", default="both", choices=[*ENGINES, "both"])
     ap.add_argument("--repeat", type=int, default=2, help="timed runs per engine")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--memory", type=float, help="device memory, times the single-device peak")
+    ap.add_argument("--micro-batches", type=int, default=1, help="pipeline the graph")
     ap.add_argument("--json", help="also write the figures to this JSON file")
+    ap.add_argument("--against", help="another source tree to compare with, side by side")
+    ap.add_argument("--pairs", type=int, default=3, help="alternations with --against")
     args = ap.parse_args(argv)
+    if args.against:
+        return side_by_side(args)
 
     graph = training_graph(getattr(synthetic, args.family)(seed=0, **SIZES[args.family]))
+    if args.micro_batches > 1:
+        graph = pipeline_graph(graph, args.micro_batches)
     cluster = load_cluster("k80x3")
+    if args.memory is not None:
+        cluster = Scenario(memory=args.memory).cluster_for(graph, cluster)
     order = traversal_order(graph, args.order)
     options = {} if args.episodes is None else {"episodes": args.episodes}
     config = RLConfig.from_options(args.preset, **options)
     engines = ENGINES if args.engine == "both" else (args.engine,)
     single = place_graph(graph, cluster, "single").step_time_us
-    print(f"{args.family} training graph: {graph.n_nodes} nodes, {graph.n_edges} edges; "
-          f"{cluster.name}, order {args.order}, preset {args.preset}, {config.episodes} "
+    print(f"{args.family} training graph: {graph.n_nodes} nodes, {graph.n_edges} edges, "
+          f"{args.micro_batches} micro-batch(es); {cluster.name}, memory "
+          f"{args.memory or 'full'}, order {args.order}, preset {args.preset}, {config.episodes} "
           f"episodes, seed {args.seed}")
     figures: dict = {"graph": f"{args.family} training graph", "nodes": graph.n_nodes,
                      "edges": graph.n_edges, "cluster": cluster.name, "order": args.order,
@@ -94,6 +124,36 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             json.dump(figures, fh, indent=2)
+    return 0
+
+
+def side_by_side(args: argparse.Namespace) -> int:
+    """Alternate runs of this tree and of ``args.against``; print paired CPU ratios."""
+    own = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
+           if value is not None and key not in ("engine", "json", "against", "pairs")]
+    trees = {"this": Path(__file__).resolve().parents[1] / "src",
+             "against": Path(args.against).resolve()}
+    cpu: dict[str, list[float]] = {name: [] for name in trees}
+    results, simulations = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for _ in range(args.pairs):
+            for name, src in trees.items():
+                out = Path(tmp) / f"{name}.json"
+                subprocess.run([sys.executable, __file__, *own, "--engine", "compiled",
+                                "--json", str(out)], check=True, stdout=subprocess.DEVNULL,
+                               env={**os.environ, "PYTHONPATH": str(src)})
+                figures = json.loads(out.read_text())["engines"]["compiled"]
+                cpu[name].append(figures["cpu_s"])
+                results[name] = (figures["best_step_time_us"], figures["curve_sum_us"])
+                simulations[name] = figures["simulations"]
+    ratios = [b / a for a, b in zip(cpu["this"], cpu["against"], strict=True)]
+    for name, src in trees.items():
+        print(f"  {name:>7} ({src}): CPU per run " + ", ".join(f"{c:.3f}" for c in cpu[name])
+              + f" s; median {statistics.median(cpu[name]):.3f} s; {simulations[name]} "
+              "simulations")
+    print("  against / this, paired: " + ", ".join(f"{r:.2f}x" for r in ratios)
+          + f"; median {statistics.median(ratios):.2f}x; same result: "
+          f"{results['this'] == results['against']}")
     return 0
 
 

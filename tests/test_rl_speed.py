@@ -76,7 +76,8 @@ def test_flat_adam_matches_torch_adam_with_clipping() -> None:
     x = torch.randn(16, 4)
     for _ in range(5):
         for model, step in ((net, flat.step), (ref, adam.step)):
-            for p in model.parameters():
+            flat.zero_grad()
+            for p in ref.parameters():
                 p.grad = None
             (model(x) ** 2).sum().backward()
             if model is ref:
@@ -96,3 +97,44 @@ def test_the_long_preset_is_the_paper_preset_trained_longer() -> None:
     with pytest.raises(TravorderError, match="paper_long preset"):
         rl_place(GRAPH, load_cluster("v100x4-nvlink"), np.arange(GRAPH.n_nodes),
                  preset="paper_long")
+
+
+def test_the_mask_reuses_the_present_placement_and_simulates_the_others() -> None:
+    from travorder.placement.rl.env import PlacementEnv
+
+    env = PlacementEnv(GRAPH, squeezed(0.5), traversal_order(GRAPH, "topo_lifo"))
+    obs, _ = env.reset(seed=0)
+    for _ in range(6):
+        v, sims = int(obs["node"]), env.simulations
+        mask, cand = env._candidates(v)
+        if cand is None:  # a forced step: nothing simulated
+            assert env.simulations == sims
+        else:  # the group stays together, so its present device needs no simulation
+            assert env.simulations == sims + env.n_devices - 1
+            every = np.repeat(env.placement[None], env.n_devices, axis=0)
+            every[:, env.members(v)] = np.arange(env.n_devices)[:, None]
+            full = env.sim.run_batch(every)
+            for ours, theirs in zip(cand, full, strict=True):
+                assert np.array_equal(ours, theirs)
+            assert np.array_equal(mask.astype(bool), full.feasible if full.feasible.any()
+                                  else full.overflow == full.overflow.min())
+        obs, *_ = env.step(int(np.flatnonzero(mask)[-1]))
+
+
+def test_a_reset_to_the_same_placement_reuses_its_start_times(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from travorder.placement.rl.env import PlacementEnv
+
+    env = PlacementEnv(GRAPH, load_cluster("k80x3"), traversal_order(GRAPH, "bfs"))
+    calls = []
+    run = env.sim.run
+    monkeypatch.setattr(env.sim, "run", lambda p: calls.append(1) or run(p))
+    first, _ = env.reset(seed=0)
+    again, _ = env.reset()
+    assert len(calls) == 1 and np.array_equal(first["start"], again["start"])
+    env.best_placement = env.best_placement.copy()
+    env.best_placement[GRAPH.topo_order[0]] = 1  # another start: simulated again
+    moved, _ = env.reset()
+    assert len(calls) == 2
+    r = run(moved["placement"])
+    assert np.array_equal(moved["start"], r.start_us / r.step_time_us)

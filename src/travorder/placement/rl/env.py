@@ -24,7 +24,8 @@ Memory (``memory``):
   parameter, every output and one copy of every tensor on one device) fits the smallest
   device, every placement is feasible and nothing is simulated for the mask; otherwise
   the candidate placements are simulated as one batch and the chosen one's step time is
-  reused.
+  reused (the candidate that leaves the node where it is is the present placement, whose
+  result is known and not simulated again).
 * ``"penalty"``: every device is allowed and the cost of an infeasible placement is
   ``step_time * (1 + memory_penalty * overflow)``, ``overflow`` being the largest
   ``(peak - capacity) / capacity`` over the devices.
@@ -123,6 +124,7 @@ class PlacementEnv(gym.Env):
         self.memory, self.memory_penalty = memory, float(memory_penalty)
         self.colocate = colocate
         self.simulations = 0  # placements simulated for costs and masks (not start times)
+        self._start_of = np.empty(0, dtype=np.int64)  # the placement of the start times
         self.sim = simulator or Simulator(graph, cluster)
         self.capacity = np.array([d.memory for d in cluster.devices])
         self.always_fits = bool(worst_case_memory(graph, cluster) <= self.capacity.min())
@@ -152,24 +154,25 @@ class PlacementEnv(gym.Env):
         """The cost the reward sees: the step time, penalised when over memory."""
         return step if feasible else step * (1.0 + self.memory_penalty * max(overflow, 0.0))
 
-    def _evaluate(self, placement: np.ndarray) -> tuple[float, float, bool]:
-        """(cost, step time, feasible) of a placement."""
+    def _evaluate(self, placement: np.ndarray) -> tuple[float, float, bool, float]:
+        """(cost, step time, feasible, overflow) of a placement."""
         res = self.sim.run_batch(placement[None])
         self.simulations += 1
-        step, feasible = float(res.step_time_us[0]), bool(res.feasible[0])
-        return self._cost(step, feasible, float(res.overflow[0])), step, feasible
+        step, feasible, over = (float(res.step_time_us[0]), bool(res.feasible[0]),
+                                float(res.overflow[0]))
+        return self._cost(step, feasible, over), step, feasible, over
 
     def _restart(self) -> None:
         self.best_placement = np.zeros(self.graph.n_nodes, dtype=np.int64)
-        self.best_cost, self.best_step_us, self.best_feasible = self._evaluate(
-            self.best_placement)
+        (self.best_cost, self.best_step_us, self.best_feasible,
+         self.best_overflow) = self._evaluate(self.best_placement)
         if not self.best_feasible:  # one device cannot hold the step: start from a heuristic
             for placement in feasible_starts(self.graph, self.cluster, self.colocate):
-                cost, step, feasible = self._evaluate(placement)
+                cost, step, feasible, over = self._evaluate(placement)
                 if self._better(cost, feasible):
                     self.best_placement = placement
-                    self.best_cost, self.best_step_us, self.best_feasible = (cost, step,
-                                                                             feasible)
+                    (self.best_cost, self.best_step_us, self.best_feasible,
+                     self.best_overflow) = cost, step, feasible, over
 
     def _better(self, cost: float, feasible: bool) -> bool:
         return (not feasible, cost) < (not self.best_feasible, self.best_cost)
@@ -185,13 +188,21 @@ class PlacementEnv(gym.Env):
             return mask, None
         if self.memory == "penalty" or self.always_fits:
             return mask, None
-        cands = np.repeat(self.placement[None], n_dev, axis=0)
-        cands[:, self.members(v)] = np.arange(n_dev)[:, None]
+        members, here = self.members(v), self.placement[v]
+        # the group staying where it is leaves the present placement: known, not simulated
+        stays = np.all(self.placement[members] == here)
+        devices = np.flatnonzero(np.arange(n_dev) != here) if stays else np.arange(n_dev)
+        cands = np.repeat(self.placement[None], devices.size, axis=0)
+        cands[:, members] = devices[:, None]
         res = self.sim.run_batch(cands)
-        self.simulations += n_dev
+        self.simulations += devices.size
+        step = np.full(n_dev, self.step_us)
+        feasible = np.full(n_dev, self.feasible)
+        over = np.full(n_dev, self.overflow)
+        step[devices], feasible[devices], over[devices] = res
         # the feasible devices, or else those that overflow least
-        mask[:] = res.feasible if res.feasible.any() else res.overflow == res.overflow.min()
-        return mask, res
+        mask[:] = feasible if feasible.any() else over == over.min()
+        return mask, BatchResult(step, feasible, over)
 
     def _obs(self) -> dict[str, Any]:
         return {
@@ -214,9 +225,11 @@ class PlacementEnv(gym.Env):
             self._restart()
         self.placement = self.best_placement.copy()
         self.cost, self.step_us = self.best_cost, self.best_step_us
-        self.feasible = self.best_feasible
-        r = self.sim.run(self.placement)
-        self._start = r.start_us / r.step_time_us if r.step_time_us > 0 else r.start_us
+        self.feasible, self.overflow = self.best_feasible, self.best_overflow
+        if not np.array_equal(self.placement, self._start_of):  # else the same start times
+            r = self.sim.run(self.placement)
+            self._start = r.start_us / r.step_time_us if r.step_time_us > 0 else r.start_us
+            self._start_of = self.placement.copy()
         self.done = np.zeros(self.graph.n_nodes, dtype=np.int8)
         self._decided = np.zeros(self._bounds.size - 1, dtype=bool)
         self.t = 0
@@ -239,15 +252,16 @@ class PlacementEnv(gym.Env):
             if self._cand is not None:  # simulated for the mask already
                 self.step_us = float(self._cand.step_time_us[d])
                 self.feasible = bool(self._cand.feasible[d])
-                self.cost = self._cost(self.step_us, self.feasible,
-                                       float(self._cand.overflow[d]))
+                self.overflow = float(self._cand.overflow[d])
+                self.cost = self._cost(self.step_us, self.feasible, self.overflow)
             else:
-                self.cost, self.step_us, self.feasible = self._evaluate(self.placement)
+                self.cost, self.step_us, self.feasible, self.overflow = self._evaluate(
+                    self.placement)
             reward = _log(old) - _log(self.cost)
             if self._better(self.cost, self.feasible):
                 self.best_placement = self.placement.copy()
                 self.best_cost, self.best_step_us = self.cost, self.step_us
-                self.best_feasible = self.feasible
+                self.best_feasible, self.best_overflow = self.feasible, self.overflow
         self._decided[self._group[v]] = True
         self.done[v] = 1
         self.t += 1

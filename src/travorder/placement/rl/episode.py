@@ -110,10 +110,11 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
           penalty, sim, rows, total, cost_norm, set_ptr, set_idx, first, ctx_w, w2, b2, w3,
           b3, greedy, uniforms, reset_cands, contexts, masks, actions,
           rewards):  # pragma: no cover - compiled
-    """Play one episode in place; ``state`` is ``[cost, step, feasible, best_cost,
-    best_step, best_feasible]``; ``reset_cands`` holds the first node's candidates (step
-    times, feasibility, overflow) when the reset simulated them, else is empty. Returns
-    how many uniforms were used and how many placements were simulated."""
+    """Play one episode in place; ``state`` is ``[cost, step, feasible, overflow,
+    best_cost, best_step, best_feasible, best_overflow]``; ``reset_cands`` holds the
+    first node's candidates (step times, feasibility, overflow) when the reset simulated
+    them, else is empty. Returns how many uniforms were used and how many placements
+    were simulated."""
     n = order.size
     n_dev = masks.shape[1]
     decided = np.zeros(bounds.size - 1, dtype=np.bool_)
@@ -140,11 +141,16 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
             cand[:] = place
             any_feasible = False
             low = np.inf
+            stays = True  # the group on ``here``: that candidate is the present placement
+            for k in range(lo, hi):
+                stays &= place[by_group[k]] == here
             for d in range(n_dev):
                 if t == 0 and reset_cands.shape[0] == 3:
                     step, feasible = reset_cands[0, d], reset_cands[1, d] > 0.5
                     over = reset_cands[2, d]
                     cost = step if feasible else step * (1.0 + penalty * max(over, 0.0))
+                elif d == here and stays:
+                    cost, step, feasible, over = state[0], state[1], state[2] > 0.5, state[3]
                 else:
                     for k in range(lo, hi):
                         cand[by_group[k]] = d
@@ -175,17 +181,17 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
                 place[by_group[k]] = d
             old = state[0]
             if simulated:
-                cost, step, feasible = c_cost[d], c_step[d], c_feas[d]
+                cost, step, feasible, over = c_cost[d], c_step[d], c_feas[d], c_over[d]
             else:
-                cost, step, feasible, _ = _evaluate(place, capacity, penalty, sim)
+                cost, step, feasible, over = _evaluate(place, capacity, penalty, sim)
                 sims += 1
-            state[0], state[1], state[2] = cost, step, 1.0 if feasible else 0.0
+            state[0], state[1], state[2], state[3] = cost, step, feasible, over
             rewards[t] = _log(old) - _log(cost)
-            best_feasible = state[5] > 0.5
+            best_feasible = state[6] > 0.5
             if (feasible and not best_feasible) or (feasible == best_feasible
-                                                    and cost < state[3]):
+                                                    and cost < state[4]):
                 best_place[:] = place
-                state[3], state[4], state[5] = state[0], state[1], state[2]
+                state[4:8] = state[0:4]
         decided[gid] = True
         _update_rows(rows, total, cost_norm, v, lo, hi, by_group, d, n_dev)
     return used, sims
@@ -206,8 +212,8 @@ def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, gre
     masks = np.zeros((n, n_dev), dtype=bool)
     actions = np.zeros(n, dtype=np.int64)
     rewards = np.zeros(n)
-    state = np.array([env.cost, env.step_us, env.feasible, env.best_cost, env.best_step_us,
-                      env.best_feasible], dtype=np.float64)
+    state = np.array([env.cost, env.step_us, env.feasible, env.overflow, env.best_cost,
+                      env.best_step_us, env.best_feasible, env.best_overflow])
     best = env.best_placement
     w2, b2, w3, b3 = (a for layer in head._layers for a in layer)
     reset_cands = (np.zeros((0, n_dev)) if env._cand is None else
@@ -222,9 +228,10 @@ def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, gre
     if not greedy:
         rng.bit_generator.state = saved
         rng.random(used)
-    env.cost, env.step_us, env.feasible = float(state[0]), float(state[1]), bool(state[2])
-    env.best_cost, env.best_step_us = float(state[3]), float(state[4])
-    env.best_feasible = bool(state[5])
+    env.cost, env.step_us, env.overflow = float(state[0]), float(state[1]), float(state[3])
+    env.best_cost, env.best_step_us = float(state[4]), float(state[5])
+    env.best_overflow = float(state[7])
+    env.feasible, env.best_feasible = bool(state[2]), bool(state[6])
     env.done[:] = 1
     env.t = n
     env.simulations += sims

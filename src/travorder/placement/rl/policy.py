@@ -120,6 +120,8 @@ def _pass_forward(order, ptr, idx, base, w1, b1, w2, b2):  # pragma: no cover - 
 
 @njit(cache=True, fastmath=True)
 def _pass_backward(order, ptr, idx, pre, hid, w1, w2, grad_h):  # pragma: no cover
+    # The products with w1 and w2 run row by row (contiguous, vectorised), each output
+    # summing its terms in the same order as a column-by-column dot product would.
     dim = pre.shape[1]
     width = w1.shape[0]
     g_pre = np.zeros_like(pre)
@@ -127,27 +129,33 @@ def _pass_backward(order, ptr, idx, pre, hid, w1, w2, grad_h):  # pragma: no cov
     gw1, gb1 = np.zeros_like(w1), np.zeros(width, dtype=pre.dtype)
     gw2, gb2 = np.zeros_like(w2), np.zeros(dim, dtype=pre.dtype)
     ga = np.zeros(width, dtype=pre.dtype)
+    ga64 = np.zeros(width)  # the gradient at the hidden layer, summed in float64
+    gh = np.zeros(dim, dtype=pre.dtype)
     for v in order[::-1]:  # every user of m_v comes later in the order
         for i in range(dim):
             gm = g_msg[v, i]
             gb2[i] += gm
             for j in range(width):
                 gw2[i, j] += gm * max(hid[v, j], 0)
+        ga64[:] = 0.0
+        for i in range(dim):
+            gm = g_msg[v, i]
+            for j in range(width):
+                ga64[j] += w2[i, j] * gm
         for j in range(width):
-            acc = 0.0
-            if hid[v, j] > 0:
-                for i in range(dim):
-                    acc += w2[i, j] * g_msg[v, i]
-            ga[j] = acc
-            gb1[j] += acc
+            if hid[v, j] <= 0:
+                ga64[j] = 0.0
+            ga[j] = ga64[j]
+            gb1[j] += ga64[j]
         for i in range(width):
             for j in range(dim):
                 gw1[i, j] += ga[i] * max(pre[v, j], 0)
+        gh[:] = grad_h[v]
+        for i in range(width):
+            for j in range(dim):
+                gh[j] += w1[i, j] * ga[i]
         for j in range(dim):
-            acc = grad_h[v, j]
-            for i in range(width):
-                acc += w1[i, j] * ga[i]
-            g_pre[v, j] = acc if pre[v, j] > 0 else 0.0
+            g_pre[v, j] = gh[j] if pre[v, j] > 0 else 0.0
         for k in range(ptr[v], ptr[v + 1]):
             u = idx[k]
             for j in range(dim):
@@ -252,7 +260,9 @@ def _context(v, rows, total, ptr, idx, n_devices):  # pragma: no cover - compile
     sums[0] = rows[v]
     for k in range(ptr.shape[0]):
         for j in range(ptr[k, v], ptr[k, v + 1]):
-            sums[k + 1] += rows[idx[j]]
+            u = idx[j]
+            for c in range(width):  # element by element: no row view per member
+                sums[k + 1, c] += rows[u, c]
     # the parallel set by difference; its sums may keep rounding residue when it is empty
     sums[n_sets - 1] = total - sums[0] - sums[3] - sums[4]
     tiny = 1e-9 * total[width - 1]
@@ -441,7 +451,8 @@ class EpisodeHead:
 
     Used while an episode is played: the first layer's product with the table is done
     once for all nodes, so a step costs three small matrix-vector products. It agrees
-    with `PlacementPolicy.forward` up to float rounding.
+    with `PlacementPolicy.forward` up to float rounding, and shares the policy's weights:
+    it is valid until they change.
     """
 
     def __init__(self, policy: PlacementPolicy, table: torch.Tensor) -> None:
@@ -450,8 +461,7 @@ class EpisodeHead:
         with torch.no_grad():
             self._first = torch.addmm(first.bias, table, first.weight[:, :k].T).numpy()
             self._context = first.weight[:, k:].detach().numpy().copy()
-            self._layers = [(m.weight.detach().numpy().copy(), m.bias.detach().numpy().copy())
-                            for m in rest]
+            self._layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in rest]
 
     def __call__(self, v: int, context: np.ndarray) -> np.ndarray:
         """Logits of node ``v`` given its step context."""

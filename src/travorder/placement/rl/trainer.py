@@ -219,7 +219,8 @@ class FlatAdam:
     """Adam (no weight decay) and gradient-norm clipping over all of a module's
     parameters at once.
 
-    The parameters become views of one flat tensor, so a step is a handful of tensor
+    The parameters and their gradients become views of one flat tensor each (autograd
+    accumulates into the zeroed gradient views), so a step is a handful of tensor
     operations whatever the number of layers; the arithmetic is that of
     ``torch.optim.Adam``'s single-tensor path, so results match it (the clipping norm is
     taken over the flat gradient, which may round differently from
@@ -232,9 +233,11 @@ class FlatAdam:
         self.params = [p for p in module.parameters() if p.requires_grad]
         with torch.no_grad():
             self.flat = torch.cat([p.reshape(-1) for p in self.params])
+            self.grad = torch.zeros_like(self.flat)
             offset = 0
             for p in self.params:
                 p.data = self.flat[offset:offset + p.numel()].view_as(p)
+                p.grad = self.grad[offset:offset + p.numel()].view_as(p)
                 offset += p.numel()
         self.lr, self.grad_clip, self.betas, self.eps = lr, grad_clip, betas, eps
         self.exp_avg = torch.zeros_like(self.flat)
@@ -242,14 +245,12 @@ class FlatAdam:
         self.steps = 0
 
     def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+        self.grad.zero_()
 
     @torch.no_grad()
     def step(self) -> None:
         """Clip the gradient norm to ``grad_clip``, then one Adam step."""
-        grad = torch.cat([p.grad.reshape(-1) if p.grad is not None
-                          else torch.zeros(p.numel()) for p in self.params])
+        grad = self.grad
         norm = torch.linalg.vector_norm(grad)
         grad.mul_(torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0))
         beta1, beta2 = self.betas
