@@ -448,35 +448,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         n_ev = _ev_pop(ht, hk, n_ev)
         kind = key >> KIND_SHIFT
         ident = key & ID_MASK
-        if kind == DISPATCH:
-            d = ident
-            if running[d]:
-                continue
-            h = a_head[d]
-            b = base[d]
-            if h < a_tail[d] and (f_size[d] == 0 or at[h] < ft[b]
-                                  or (at[h] == ft[b] and av[h] < fv[b])):
-                if at[h] > t:
-                    n_ev = _ev_push(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
-                    continue
-                r = av[h]
-                a_head[d] += 1
-            elif f_size[d] > 0:
-                if ft[b] > t:
-                    n_ev = _ev_push(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
-                    continue
-                r = fv[b]
-                f_size[d] = _rq_pop(ft, fv, b, f_size[d])
-            else:
-                continue
-            running[d] = True
-            start[r] = t
-            busy[d] += cost[r]
-            mem[d] += out_bytes[r]
-            if mem[d] > peak[d]:
-                peak[d] = mem[d]
-            n_ev = _ev_push(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
-        elif kind == SEND:
+        if kind == SEND:
             c = ident
             d = copy_dev[c]
             mem[d] += copy_bytes[c]
@@ -486,7 +458,8 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             next_copy[c] = -2  # sent
             if nxt >= 0:
                 n_ev = _ev_push(ht, hk, n_ev, copy_start[nxt], (SEND << KIND_SHIFT) + nxt)
-        else:
+            continue
+        if kind == FINISH:
             r = ident
             d = pl[r]
             running[d] = False
@@ -586,11 +559,43 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                         f_size[x] = _rq_push(ft, fv, b, f_size[x], rt, u)
                         first = fv[b] == u and (h == a_tail[x] or rt < at[h]
                                                 or (rt == at[h] and u < av[h]))
-                    if first and not running[x]:
+                    if first and x != d and not running[x]:
                         s = rt if rt > free_at[x] else free_at[x]
                         n_ev = _ev_push(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
-            if a_tail[d] > a_head[d] or f_size[d] > 0:  # waits, at worst, for its first op
+            if a_tail[d] == a_head[d] and f_size[d] == 0:
+                continue
+            if n_ev > 0 and ht[0] == t:  # the other events of this time come first
                 n_ev = _ev_push(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
+                continue
+            # else d picks its next op now, as the DISPATCH event would next
+        else:
+            d = ident
+            if running[d]:
+                continue
+        h = a_head[d]
+        b = base[d]
+        if h < a_tail[d] and (f_size[d] == 0 or at[h] < ft[b]
+                              or (at[h] == ft[b] and av[h] < fv[b])):
+            if at[h] > t:
+                n_ev = _ev_push(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
+                continue
+            r = av[h]
+            a_head[d] += 1
+        elif f_size[d] > 0:
+            if ft[b] > t:
+                n_ev = _ev_push(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
+                continue
+            r = fv[b]
+            f_size[d] = _rq_pop(ft, fv, b, f_size[d])
+        else:
+            continue
+        running[d] = True
+        start[r] = t
+        busy[d] += cost[r]
+        mem[d] += out_bytes[r]
+        if mem[d] > peak[d]:
+            peak[d] = mem[d]
+        n_ev = _ev_push(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
     k = n_copies if record else 0
     return (step, start, finish, busy, peak, moved,
             n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
