@@ -338,6 +338,20 @@ def _ev_pop(ht, hk, size):
 
 
 @njit(cache=True)
+def _ev_insert(ht, hk, size, t, k):
+    """Insert event (t, k) in the list (ht, hk) kept in decreasing order, the next event
+    last; returns the new size."""
+    i = size
+    while i > 0 and (ht[i - 1] < t or (ht[i - 1] == t and hk[i - 1] < k)):
+        ht[i] = ht[i - 1]
+        hk[i] = hk[i - 1]
+        i -= 1
+    ht[i] = t
+    hk[i] = k
+    return size + 1
+
+
+@njit(cache=True)
 def _places(place, node_at, n_dev):
     """The device of each rank, and where each device's slice of a per-node queue begins."""
     n = node_at.size
@@ -439,13 +453,13 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             a_tail[d] += 1
     for d in range(n_dev):
         if a_tail[d] > a_head[d]:
-            n_ev = _ev_push(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
+            n_ev = _ev_insert(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
 
     step = 0.0
     while n_ev > 0:
-        t = ht[0]
-        key = hk[0]
-        n_ev = _ev_pop(ht, hk, n_ev)
+        n_ev -= 1
+        t = ht[n_ev]
+        key = hk[n_ev]
         kind = key >> KIND_SHIFT
         ident = key & ID_MASK
         if kind == SEND:
@@ -457,7 +471,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             nxt = next_copy[c]
             next_copy[c] = -2  # sent
             if nxt >= 0:
-                n_ev = _ev_push(ht, hk, n_ev, copy_start[nxt], (SEND << KIND_SHIFT) + nxt)
+                n_ev = _ev_insert(ht, hk, n_ev, copy_start[nxt], (SEND << KIND_SHIFT) + nxt)
             continue
         if kind == FINISH:
             r = ident
@@ -530,7 +544,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                     if last >= 0 and next_copy[last] == -1:  # last not sent yet: queue c
                         next_copy[last] = c
                     else:
-                        n_ev = _ev_push(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
+                        n_ev = _ev_insert(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
                     n_copies += 1
             for k in range(o0, o1):
                 u = odst[k]
@@ -561,11 +575,11 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                                                 or (rt == at[h] and u < av[h]))
                     if first and x != d and not running[x]:
                         s = rt if rt > free_at[x] else free_at[x]
-                        n_ev = _ev_push(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
+                        n_ev = _ev_insert(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
             if a_tail[d] == a_head[d] and f_size[d] == 0:
                 continue
-            if n_ev > 0 and ht[0] == t:  # the other events of this time come first
-                n_ev = _ev_push(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
+            if n_ev > 0 and ht[n_ev - 1] == t:  # the other events of this time come first
+                n_ev = _ev_insert(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
                 continue
             # else d picks its next op now, as the DISPATCH event would next
         else:
@@ -577,13 +591,13 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         if h < a_tail[d] and (f_size[d] == 0 or at[h] < ft[b]
                               or (at[h] == ft[b] and av[h] < fv[b])):
             if at[h] > t:
-                n_ev = _ev_push(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
+                n_ev = _ev_insert(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
                 continue
             r = av[h]
             a_head[d] += 1
         elif f_size[d] > 0:
             if ft[b] > t:
-                n_ev = _ev_push(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
+                n_ev = _ev_insert(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
                 continue
             r = fv[b]
             f_size[d] = _rq_pop(ft, fv, b, f_size[d])
@@ -595,7 +609,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         mem[d] += out_bytes[r]
         if mem[d] > peak[d]:
             peak[d] = mem[d]
-        n_ev = _ev_push(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
+        n_ev = _ev_insert(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
     k = n_copies if record else 0
     return (step, start, finish, busy, peak, moved,
             n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
