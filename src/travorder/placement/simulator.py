@@ -635,29 +635,33 @@ def _rq_push(rq_t, rq_v, base, size, t, v):
 
 @njit(cache=True)
 def _rq_pop(rq_t, rq_v, base, size):
-    """Remove the first op of a device's ready heap; returns the new size."""
+    """Remove the first op of a device's ready heap; returns the new size.
+
+    Bottom-up (Floyd): the hole left at the root goes down to a leaf along the smaller
+    children, chosen without a branch (a sift that compares at every level mispredicts
+    about every other level), and the heap's last op rises into it from there."""
     size -= 1
     t = rq_t[base + size]
     v = rq_v[base + size]
     i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        ct = rq_t[base + c]
-        cv = rq_v[base + c]
+    c = 1
+    while c < size:
         if c + 1 < size:
+            ct = rq_t[base + c]
             nt = rq_t[base + c + 1]
-            nv = rq_v[base + c + 1]
-            if nt < ct or (nt == ct and nv < cv):
-                c += 1
-                ct = nt
-                cv = nv
-        if t < ct or (t == ct and v < cv):
-            break
-        rq_t[base + i] = ct
-        rq_v[base + i] = cv
+            c += (nt < ct) | ((nt == ct) & (rq_v[base + c + 1] < rq_v[base + c]))
+        rq_t[base + i] = rq_t[base + c]
+        rq_v[base + i] = rq_v[base + c]
         i = c
+        c = 2 * i + 1
+    while i > 0:
+        p = (i - 1) >> 1
+        pt = rq_t[base + p]
+        if pt < t or (pt == t and rq_v[base + p] < v):
+            break
+        rq_t[base + i] = pt
+        rq_v[base + i] = rq_v[base + p]
+        i = p
     rq_t[base + i] = t
     rq_v[base + i] = v
     return size
