@@ -188,7 +188,9 @@ class Simulator:
         iptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst_r, minlength=n), out=iptr[1:])
         # in-edge k of rank r: producer's rank isrc[k]; its position in the out-edges iout[k]
-        graph_arrays = (node_at, optr, dst_r[out], iptr, src_r[inn], out_pos[inn],
+        i32 = np.int32  # half the bytes of int64: a wide layer's edges stay in cache
+        graph_arrays = (node_at, optr.astype(i32), dst_r[out].astype(i32), iptr.astype(i32),
+                        src_r[inn].astype(i32), out_pos[inn].astype(i32),
                         graph.output_bytes[node_at],
                         (graph.param_bytes * cluster.param_copies)[node_at])
         if not self._placeto:
@@ -404,14 +406,13 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     ft = np.empty(n)
     fv = np.empty(n, dtype=np.int64)
     f_size = np.zeros(n_dev, dtype=np.int64)
-    waiting = np.empty(n, dtype=np.int64)
-    uses_left = np.empty(n, dtype=np.int64)
+    waiting = np.empty(n, dtype=np.int32)
+    uses_left = np.empty(n, dtype=np.int32)
     for r in range(n):
         waiting[r] = iptr[r + 1] - iptr[r]
         uses_left[r] = optr[r + 1] - optr[r]
     ready = np.zeros(n)
     start = np.zeros(n)
-    finish = np.zeros(n)
     running = np.zeros(n_dev, dtype=np.bool_)
     free_at = np.zeros(n_dev)
     busy = np.zeros(n_dev)
@@ -419,7 +420,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
 
     # received copies: device, bytes, consumers left; per out-edge, the copy it reads
     cap = max(m, 1)
-    copy_of = np.empty(cap, dtype=np.int64)
+    copy_of = np.empty(cap, dtype=np.int32)
     copy_dev = np.empty(cap, dtype=np.int64)
     copy_bytes = np.empty(cap)
     copy_left = np.empty(cap, dtype=np.int64)
@@ -478,7 +479,6 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             d = pl[r]
             running[d] = False
             free_at[d] = t
-            finish[r] = t
             step = t
             # free the inputs this op was the last to use
             for k in range(iptr[r], iptr[r + 1]):
@@ -611,7 +611,8 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             peak[d] = mem[d]
         n_ev = _ev_insert(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
     k = n_copies if record else 0
-    return (step, start, finish, busy, peak, moved,
+    # an op's finish is the time of its FINISH event, start + cost
+    return (step, start, start + cost, busy, peak, moved,
             n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
             copy_dev[:k].copy(), np.arange(k))
 
