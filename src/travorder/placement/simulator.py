@@ -300,7 +300,7 @@ def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.
     return longest
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ev_push(ht, hk, size, t, k):
     """Push event (t, k) on the binary min-heap (ht, hk); returns the new size."""
     i = size
@@ -316,7 +316,7 @@ def _ev_push(ht, hk, size, t, k):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ev_pop(ht, hk, size):
     """Remove the top event; returns the new size (the top was read by the caller)."""
     size -= 1
@@ -339,7 +339,7 @@ def _ev_pop(ht, hk, size):
     return size
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ev_insert(ht, hk, size, t, k):
     """Insert event (t, k) in the list (ht, hk) kept in decreasing order, the next event
     last; returns the new size."""
@@ -617,7 +617,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             copy_dev[:k].copy(), np.arange(k))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rq_push(rq_t, rq_v, base, size, t, v):
     """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
     i = size
@@ -634,7 +634,7 @@ def _rq_push(rq_t, rq_v, base, size, t, v):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rq_pop(rq_t, rq_v, base, size):
     """Remove the first op of a device's ready heap; returns the new size.
 
