@@ -188,9 +188,11 @@ class Simulator:
         iptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst_r, minlength=n), out=iptr[1:])
         # in-edge k of rank r: producer's rank isrc[k]; its position in the out-edges iout[k]
-        i32 = np.int32  # half the bytes of int64: a wide layer's edges stay in cache
-        graph_arrays = (node_at, optr.astype(i32), dst_r[out].astype(i32), iptr.astype(i32),
-                        src_r[inn].astype(i32), out_pos[inn].astype(i32),
+        # 32 bits, half the bytes of int64: a wide layer's edges stay in cache; unsigned,
+        # as numba indexes with an unsigned index without checking for one below 0
+        u32 = np.uint32
+        graph_arrays = (node_at, optr.astype(u32), dst_r[out].astype(u32), iptr.astype(u32),
+                        src_r[inn].astype(u32), out_pos[inn].astype(u32),
                         graph.output_bytes[node_at],
                         (graph.param_bytes * cluster.param_copies)[node_at])
         if not self._placeto:
@@ -357,7 +359,7 @@ def _ev_insert(ht, hk, size, t, k):
 def _places(place, node_at, n_dev):
     """The device of each rank, and where each device's slice of a per-node queue begins."""
     n = node_at.size
-    pl = np.empty(n, dtype=np.int32)  # small, as it is read at random
+    pl = np.empty(n, dtype=np.uint32)  # small, as it is read at random
     base = np.zeros(n_dev + 1, dtype=np.int64)
     for r in range(n):
         pl[r] = place[node_at[r]]
@@ -400,11 +402,11 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         cost[r] = times[r, pl[r]]
 
     at = np.empty(n)
-    av = np.empty(n, dtype=np.int64)
+    av = np.empty(n, dtype=np.uint32)
     a_head = base[:n_dev].copy()
     a_tail = base[:n_dev].copy()
     ft = np.empty(n)
-    fv = np.empty(n, dtype=np.int64)
+    fv = np.empty(n, dtype=np.uint32)
     f_size = np.zeros(n_dev, dtype=np.int64)
     waiting = np.empty(n, dtype=np.int32)
     uses_left = np.empty(n, dtype=np.int32)
@@ -420,7 +422,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
 
     # received copies: device, bytes, consumers left; per out-edge, the copy it reads
     cap = max(m, 1)
-    copy_of = np.empty(cap, dtype=np.int32)
+    copy_of = np.empty(cap, dtype=np.uint32)
     copy_dev = np.empty(cap, dtype=np.int64)
     copy_bytes = np.empty(cap)
     copy_left = np.empty(cap, dtype=np.int64)
@@ -438,7 +440,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     max_b = np.empty(n_dev)
     n_cons = np.zeros(n_dev, dtype=np.int64)
     arrival = np.empty(n_dev)
-    copy_id = np.empty(n_dev, dtype=np.int64)
+    copy_id = np.empty(n_dev, dtype=np.uint32)
 
     # event heap of (time, kind << KIND_SHIFT | id)
     ev_cap = 3 * n + m + n_dev + 1
