@@ -427,7 +427,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     copy_bytes = np.empty(cap)
     copy_left = np.empty(cap, dtype=np.int64)
     # Transfers between one pair of devices start in the order they are granted (they
-    # share the sender's queue, or the pair's link), so the event heap holds only the
+    # share the sender's queue, or the pair's link), so the event list holds only the
     # next transfer of each pair; the others wait in a per-pair list (next_copy).
     copy_start = np.empty(cap)
     next_copy = np.empty(cap, dtype=np.int64)
@@ -442,7 +442,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     arrival = np.empty(n_dev)
     copy_id = np.empty(n_dev, dtype=np.uint32)
 
-    # event heap of (time, kind << KIND_SHIFT | id)
+    # events (time, kind << KIND_SHIFT | id), the next one last (`_ev_insert`)
     ev_cap = 3 * n + m + n_dev + 1
     ht = np.empty(ev_cap)
     hk = np.empty(ev_cap, dtype=np.int64)
