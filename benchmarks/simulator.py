@@ -12,13 +12,22 @@ the figure least disturbed by other load; random placements on ``k80x3``, and
 which for this single-threaded code equals wall time on an idle machine and counts
 neither other processes nor the worker threads of a BLAS library.
 
+``--against OLD.py`` compares with another version of the simulator module (say
+``git show REV:src/travorder/placement/simulator.py > OLD.py``) on a busy machine: the
+two ``run_batch`` take turns on the same placements, five times each, must give the same
+step times, and the table adds the other's batch figure and the speed-up (the median of
+the five ratios).
+
     python benchmarks/simulator.py [--placements 200] [--seed 0] [--sizes 250,...]
+                                   [--against OLD.py]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -87,13 +96,28 @@ def layered_dag(n: int, width: int, seed: int = 0) -> OpGraph:
                    meta={"name": f"layered{n}x{width}"})
 
 
-def _median_us(fn, reps: int, stat=statistics.median) -> float:
-    times = []
+def _times_us(fns, reps: int) -> list[list[float]]:
+    """Each function's times in us, over ``reps`` rounds in which they take turns."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(reps):
-        t0 = time.thread_time()
-        fn()
-        times.append(time.thread_time() - t0)
-    return stat(times) * 1e6
+        for fn, out in zip(fns, times, strict=True):
+            t0 = time.thread_time()
+            fn()
+            out.append((time.thread_time() - t0) * 1e6)
+    return times
+
+
+def _median_us(fn, reps: int, stat=statistics.median) -> float:
+    return stat(_times_us([fn], reps)[0])
+
+
+def _load_simulator(path: str):
+    """The module in ``path``: another version of travorder.placement.simulator."""
+    spec = importlib.util.spec_from_file_location("simulator_against", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
@@ -102,7 +126,10 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
                     default=[250, 1000, 4000, 16000], help="graph sizes (nodes)")
+    ap.add_argument("--against", metavar="OLD.py",
+                    help="another version of src/travorder/placement/simulator.py")
     args = ap.parse_args()
+    against = _load_simulator(args.against) if args.against else None
 
     graph = training_graph(residual_forward())
     rng = np.random.default_rng(args.seed)
@@ -134,7 +161,8 @@ def main() -> None:
               f"{ref / fast:>9.0f}x{ref / batch:>15.0f}x")
 
     print("\nns per node per placement (random layered DAGs, random placements)")
-    print(f"{'nodes':>7}{'shape':>8}{'edges':>8}{'k80x3':>9}{'batch':>8}{'placeto':>9}")
+    print(f"{'nodes':>7}{'shape':>8}{'edges':>8}{'k80x3':>9}{'batch':>8}{'placeto':>9}"
+          + (f"{'against':>9}{'speed-up':>10}" if against else ""))
     k80, placeto = load_cluster("k80x3"), load_cluster("k80x3-placeto")
     for n in args.sizes:
         for shape, width in (("narrow", 8), ("wide", max(8, n // 16))):
@@ -145,11 +173,22 @@ def main() -> None:
             it = iter(range(10**9))
             one = _median_us(lambda s=sim, p=places, i=it: s.step_time(p[next(i) % len(p)]),
                              reps)
-            batch = _median_us(lambda s=sim, p=places: s.run_batch(p), 5, min) / reps
+            fns = [lambda s=sim, p=places: s.run_batch(p)]
+            if against:
+                old = against.Simulator(g, k80)
+                assert np.array_equal(old.run_batch(places).step_time_us,
+                                      sim.run_batch(places).step_time_us)
+                fns.append(lambda s=old, p=places: s.run_batch(p))
+            times = _times_us(fns, 5)
+            batch = min(times[0]) / reps
             sim_pl = Simulator(g, placeto)
             pl = _median_us(lambda s=sim_pl, p=places: s.run_batch(p), 5, min) / reps
-            print(f"{n:>7}{shape:>8}{g.n_edges:>8}{1e3 * one / n:>9.0f}{1e3 * batch / n:>8.0f}"
-                  f"{1e3 * pl / n:>9.0f}")
+            row = (f"{n:>7}{shape:>8}{g.n_edges:>8}{1e3 * one / n:>9.0f}"
+                   f"{1e3 * batch / n:>8.0f}{1e3 * pl / n:>9.0f}")
+            if against:
+                ratio = statistics.median(o / t for t, o in zip(*times, strict=True))
+                row += f"{1e3 * min(times[1]) / reps / n:>9.0f}{ratio:>9.2f}x"
+            print(row)
 
 
 if __name__ == "__main__":

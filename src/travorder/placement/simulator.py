@@ -188,7 +188,11 @@ class Simulator:
         iptr = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(dst_r, minlength=n), out=iptr[1:])
         # in-edge k of rank r: producer's rank isrc[k]; its position in the out-edges iout[k]
-        graph_arrays = (node_at, optr, dst_r[out], iptr, src_r[inn], out_pos[inn],
+        # 32 bits, half the bytes of int64: a wide layer's edges stay in cache; unsigned,
+        # as numba indexes with an unsigned index without checking for one below 0
+        u32 = np.uint32
+        graph_arrays = (node_at, optr.astype(u32), dst_r[out].astype(u32), iptr.astype(u32),
+                        src_r[inn].astype(u32), out_pos[inn].astype(u32),
                         graph.output_bytes[node_at],
                         (graph.param_bytes * cluster.param_copies)[node_at])
         if not self._placeto:
@@ -298,7 +302,7 @@ def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.
     return longest
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ev_push(ht, hk, size, t, k):
     """Push event (t, k) on the binary min-heap (ht, hk); returns the new size."""
     i = size
@@ -314,7 +318,7 @@ def _ev_push(ht, hk, size, t, k):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _ev_pop(ht, hk, size):
     """Remove the top event; returns the new size (the top was read by the caller)."""
     size -= 1
@@ -337,11 +341,25 @@ def _ev_pop(ht, hk, size):
     return size
 
 
+@njit(cache=True, inline="always")
+def _ev_insert(ht, hk, size, t, k):
+    """Insert event (t, k) in the list (ht, hk) kept in decreasing order, the next event
+    last; returns the new size."""
+    i = size
+    while i > 0 and (ht[i - 1] < t or (ht[i - 1] == t and hk[i - 1] < k)):
+        ht[i] = ht[i - 1]
+        hk[i] = hk[i - 1]
+        i -= 1
+    ht[i] = t
+    hk[i] = k
+    return size + 1
+
+
 @njit(cache=True)
 def _places(place, node_at, n_dev):
     """The device of each rank, and where each device's slice of a per-node queue begins."""
     n = node_at.size
-    pl = np.empty(n, dtype=np.int32)  # small, as it is read at random
+    pl = np.empty(n, dtype=np.uint32)  # small, as it is read at random
     base = np.zeros(n_dev + 1, dtype=np.int64)
     for r in range(n):
         pl[r] = place[node_at[r]]
@@ -384,20 +402,19 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         cost[r] = times[r, pl[r]]
 
     at = np.empty(n)
-    av = np.empty(n, dtype=np.int64)
+    av = np.empty(n, dtype=np.uint32)
     a_head = base[:n_dev].copy()
     a_tail = base[:n_dev].copy()
     ft = np.empty(n)
-    fv = np.empty(n, dtype=np.int64)
+    fv = np.empty(n, dtype=np.uint32)
     f_size = np.zeros(n_dev, dtype=np.int64)
-    waiting = np.empty(n, dtype=np.int64)
-    uses_left = np.empty(n, dtype=np.int64)
+    waiting = np.empty(n, dtype=np.int32)
+    uses_left = np.empty(n, dtype=np.int32)
     for r in range(n):
         waiting[r] = iptr[r + 1] - iptr[r]
         uses_left[r] = optr[r + 1] - optr[r]
     ready = np.zeros(n)
     start = np.zeros(n)
-    finish = np.zeros(n)
     running = np.zeros(n_dev, dtype=np.bool_)
     free_at = np.zeros(n_dev)
     busy = np.zeros(n_dev)
@@ -405,12 +422,12 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
 
     # received copies: device, bytes, consumers left; per out-edge, the copy it reads
     cap = max(m, 1)
-    copy_of = np.empty(cap, dtype=np.int64)
+    copy_of = np.empty(cap, dtype=np.uint32)
     copy_dev = np.empty(cap, dtype=np.int64)
     copy_bytes = np.empty(cap)
     copy_left = np.empty(cap, dtype=np.int64)
     # Transfers between one pair of devices start in the order they are granted (they
-    # share the sender's queue, or the pair's link), so the event heap holds only the
+    # share the sender's queue, or the pair's link), so the event list holds only the
     # next transfer of each pair; the others wait in a per-pair list (next_copy).
     copy_start = np.empty(cap)
     next_copy = np.empty(cap, dtype=np.int64)
@@ -423,9 +440,9 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     max_b = np.empty(n_dev)
     n_cons = np.zeros(n_dev, dtype=np.int64)
     arrival = np.empty(n_dev)
-    copy_id = np.empty(n_dev, dtype=np.int64)
+    copy_id = np.empty(n_dev, dtype=np.uint32)
 
-    # event heap of (time, kind << KIND_SHIFT | id)
+    # events (time, kind << KIND_SHIFT | id), the next one last (`_ev_insert`)
     ev_cap = 3 * n + m + n_dev + 1
     ht = np.empty(ev_cap)
     hk = np.empty(ev_cap, dtype=np.int64)
@@ -439,44 +456,16 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             a_tail[d] += 1
     for d in range(n_dev):
         if a_tail[d] > a_head[d]:
-            n_ev = _ev_push(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
+            n_ev = _ev_insert(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
 
     step = 0.0
     while n_ev > 0:
-        t = ht[0]
-        key = hk[0]
-        n_ev = _ev_pop(ht, hk, n_ev)
+        n_ev -= 1
+        t = ht[n_ev]
+        key = hk[n_ev]
         kind = key >> KIND_SHIFT
         ident = key & ID_MASK
-        if kind == DISPATCH:
-            d = ident
-            if running[d]:
-                continue
-            h = a_head[d]
-            b = base[d]
-            if h < a_tail[d] and (f_size[d] == 0 or at[h] < ft[b]
-                                  or (at[h] == ft[b] and av[h] < fv[b])):
-                if at[h] > t:
-                    n_ev = _ev_push(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
-                    continue
-                r = av[h]
-                a_head[d] += 1
-            elif f_size[d] > 0:
-                if ft[b] > t:
-                    n_ev = _ev_push(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
-                    continue
-                r = fv[b]
-                f_size[d] = _rq_pop(ft, fv, b, f_size[d])
-            else:
-                continue
-            running[d] = True
-            start[r] = t
-            busy[d] += cost[r]
-            mem[d] += out_bytes[r]
-            if mem[d] > peak[d]:
-                peak[d] = mem[d]
-            n_ev = _ev_push(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
-        elif kind == SEND:
+        if kind == SEND:
             c = ident
             d = copy_dev[c]
             mem[d] += copy_bytes[c]
@@ -485,13 +474,13 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             nxt = next_copy[c]
             next_copy[c] = -2  # sent
             if nxt >= 0:
-                n_ev = _ev_push(ht, hk, n_ev, copy_start[nxt], (SEND << KIND_SHIFT) + nxt)
-        else:
+                n_ev = _ev_insert(ht, hk, n_ev, copy_start[nxt], (SEND << KIND_SHIFT) + nxt)
+            continue
+        if kind == FINISH:
             r = ident
             d = pl[r]
             running[d] = False
             free_at[d] = t
-            finish[r] = t
             step = t
             # free the inputs this op was the last to use
             for k in range(iptr[r], iptr[r + 1]):
@@ -557,7 +546,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                     if last >= 0 and next_copy[last] == -1:  # last not sent yet: queue c
                         next_copy[last] = c
                     else:
-                        n_ev = _ev_push(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
+                        n_ev = _ev_insert(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
                     n_copies += 1
             for k in range(o0, o1):
                 u = odst[k]
@@ -586,18 +575,51 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                         f_size[x] = _rq_push(ft, fv, b, f_size[x], rt, u)
                         first = fv[b] == u and (h == a_tail[x] or rt < at[h]
                                                 or (rt == at[h] and u < av[h]))
-                    if first and not running[x]:
+                    if first and x != d and not running[x]:
                         s = rt if rt > free_at[x] else free_at[x]
-                        n_ev = _ev_push(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
-            if a_tail[d] > a_head[d] or f_size[d] > 0:  # waits, at worst, for its first op
-                n_ev = _ev_push(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
+                        n_ev = _ev_insert(ht, hk, n_ev, s, (DISPATCH << KIND_SHIFT) + x)
+            if a_tail[d] == a_head[d] and f_size[d] == 0:
+                continue
+            if n_ev > 0 and ht[n_ev - 1] == t:  # the other events of this time come first
+                n_ev = _ev_insert(ht, hk, n_ev, t, (DISPATCH << KIND_SHIFT) + d)
+                continue
+            # else d picks its next op now, as the DISPATCH event would next
+        else:
+            d = ident
+            if running[d]:
+                continue
+        h = a_head[d]
+        b = base[d]
+        if h < a_tail[d] and (f_size[d] == 0 or at[h] < ft[b]
+                              or (at[h] == ft[b] and av[h] < fv[b])):
+            if at[h] > t:
+                n_ev = _ev_insert(ht, hk, n_ev, at[h], (DISPATCH << KIND_SHIFT) + d)
+                continue
+            r = av[h]
+            a_head[d] += 1
+        elif f_size[d] > 0:
+            if ft[b] > t:
+                n_ev = _ev_insert(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
+                continue
+            r = fv[b]
+            f_size[d] = _rq_pop(ft, fv, b, f_size[d])
+        else:
+            continue
+        running[d] = True
+        start[r] = t
+        busy[d] += cost[r]
+        mem[d] += out_bytes[r]
+        if mem[d] > peak[d]:
+            peak[d] = mem[d]
+        n_ev = _ev_insert(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
     k = n_copies if record else 0
-    return (step, start, finish, busy, peak, moved,
+    # an op's finish is the time of its FINISH event, start + cost
+    return (step, start, start + cost, busy, peak, moved,
             n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
             copy_dev[:k].copy(), np.arange(k))
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rq_push(rq_t, rq_v, base, size, t, v):
     """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
     i = size
@@ -614,31 +636,35 @@ def _rq_push(rq_t, rq_v, base, size, t, v):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _rq_pop(rq_t, rq_v, base, size):
-    """Remove the first op of a device's ready heap; returns the new size."""
+    """Remove the first op of a device's ready heap; returns the new size.
+
+    Bottom-up (Floyd): the hole left at the root goes down to a leaf along the smaller
+    children, chosen without a branch (a sift that compares at every level mispredicts
+    about every other level), and the heap's last op rises into it from there."""
     size -= 1
     t = rq_t[base + size]
     v = rq_v[base + size]
     i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        ct = rq_t[base + c]
-        cv = rq_v[base + c]
+    c = 1
+    while c < size:
         if c + 1 < size:
+            ct = rq_t[base + c]
             nt = rq_t[base + c + 1]
-            nv = rq_v[base + c + 1]
-            if nt < ct or (nt == ct and nv < cv):
-                c += 1
-                ct = nt
-                cv = nv
-        if t < ct or (t == ct and v < cv):
-            break
-        rq_t[base + i] = ct
-        rq_v[base + i] = cv
+            c += (nt < ct) | ((nt == ct) & (rq_v[base + c + 1] < rq_v[base + c]))
+        rq_t[base + i] = rq_t[base + c]
+        rq_v[base + i] = rq_v[base + c]
         i = c
+        c = 2 * i + 1
+    while i > 0:
+        p = (i - 1) >> 1
+        pt = rq_t[base + p]
+        if pt < t or (pt == t and rq_v[base + p] < v):
+            break
+        rq_t[base + i] = pt
+        rq_v[base + i] = rq_v[base + p]
+        i = p
     rq_t[base + i] = t
     rq_v[base + i] = v
     return size
