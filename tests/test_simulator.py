@@ -479,3 +479,23 @@ def test_bad_placements():
         sim.run_batch([0, 1])
     with pytest.raises(TravorderError, match=r"node 'b' on device 7"):
         sim.run_batch([[0, 1], [0, 7]])
+
+
+@pytest.mark.slow
+def test_batch_kernels_are_compiled_once_across_processes(tmp_path):
+    """numba's cache keeps one entry per batch kernel however many processes use it (a
+    kernel taking the core as an argument gained one per process, and broke past ~20)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import numpy as np\nfrom travorder.placement import Simulator, load_cluster\n"
+            "from travorder.graph import OpGraph\n"
+            "g = OpGraph(['a', 'b', 'c'], [0, 0], [1, 2], flops=[1e9] * 3)\n"
+            "for c in ('k80x3', 'k80x3-placeto'):\n"
+            "    Simulator(g, load_cluster(c)).run_batch(np.array([[0, 1, 2], [0, 0, 0]]))\n")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    kernels = sorted(p.name.split("-")[0] for p in tmp_path.rglob("simulator._batch*.nbc"))
+    assert kernels == ["simulator._batch", "simulator._batch_placeto"]

@@ -266,8 +266,8 @@ class Simulator:
         p = check_placement(self.graph, self.cluster, placements)
         if p.ndim != 2:
             raise TravorderError("run_batch() takes a 2-D array, one placement per row")
-        core = _simulate_placeto if self._placeto else _simulate
-        return BatchResult(*_batch(core, p, self._capacity, *self._args))
+        batch = _batch_placeto if self._placeto else _batch
+        return BatchResult(*batch(p, self._capacity, *self._args))
 
 
 def simulate(graph: OpGraph, placement: Any, cluster: Cluster) -> SimResult:
@@ -849,20 +849,38 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
             copy_tr[:kc].copy())
 
 
+# One batch kernel per core: a kernel that took the core as an argument would be compiled
+# (and cached) anew in every process, and numba's cache of it breaks after a few dozen.
 @njit(cache=True)
-def _batch(core, places, capacity, *args):
-    """Step time, feasibility and overflow of each row of ``places`` under ``core``
-    (`_simulate` or `_simulate_placeto`, the core's own arguments in ``args``)."""
-    k = places.shape[0]
-    steps = np.empty(k)
-    feasible = np.empty(k, dtype=np.bool_)
-    overflow = np.empty(k)
-    for i in range(k):
-        res = core(places[i], False, *args)
-        steps[i] = res[0]
-        feasible[i] = np.all(res[4] <= capacity)
-        overflow[i] = _overflow(res[4], capacity)
+def _batch(places, capacity, *args):  # pragma: no cover - compiled
+    """Step time, feasibility and overflow of each row of ``places`` under `_simulate`
+    (its own arguments in ``args``)."""
+    steps, feasible, overflow = _batch_arrays(places.shape[0])
+    for i in range(places.shape[0]):
+        _batch_row(_simulate(places[i], False, *args), capacity, i, steps, feasible, overflow)
     return steps, feasible, overflow
+
+
+@njit(cache=True)
+def _batch_placeto(places, capacity, *args):  # pragma: no cover - compiled
+    """`_batch` under `_simulate_placeto`."""
+    steps, feasible, overflow = _batch_arrays(places.shape[0])
+    for i in range(places.shape[0]):
+        _batch_row(_simulate_placeto(places[i], False, *args), capacity, i, steps, feasible,
+                   overflow)
+    return steps, feasible, overflow
+
+
+@njit(cache=True, inline="always")
+def _batch_arrays(k):  # pragma: no cover - compiled
+    return np.empty(k), np.empty(k, dtype=np.bool_), np.empty(k)
+
+
+@njit(cache=True, inline="always")
+def _batch_row(res, capacity, i, steps, feasible, overflow):  # pragma: no cover - compiled
+    steps[i] = res[0]
+    feasible[i] = np.all(res[4] <= capacity)
+    overflow[i] = _overflow(res[4], capacity)
 
 
 @njit(cache=True)
