@@ -197,6 +197,31 @@ def test_evaluate_on_a_separate_test_dataset(frame):
         evaluate(data, kinds=(), test=design_matrix(frame.drop(columns="f_n_nodes")))
 
 
+def test_tie_tolerance_chosen_by_family_cross_validation(frame, tmp_path):
+    from travorder.predictor.model import TOLERANCES
+
+    data = design_matrix(frame)
+    params = {"n_estimators": 20, "min_child_samples": 2, "tie_tolerance": None}
+    with pytest.raises(TravorderError, match="fit needs groups"):
+        OrderPredictor("regressor", **params).fit(data.X, data.times)
+    p = OrderPredictor("regressor", **params).fit(data.X, data.times, groups=data.family)
+    assert p.tie_tolerance_ in TOLERANCES and set(p.tolerance_regret_) == set(TOLERANCES)
+    low = min(p.tolerance_regret_.values())
+    assert p.tolerance_regret_[p.tie_tolerance_] == low  # the largest of the best
+    assert all(r > low for t, r in p.tolerance_regret_.items() if t > p.tie_tolerance_)
+    p.save(tmp_path, feature_schema_version=FEATURE_SCHEMA_VERSION)
+    q, manifest = OrderPredictor.load(tmp_path)
+    assert q.tie_tolerance is None and q.tie_tolerance_ == p.tie_tolerance_
+    np.testing.assert_array_equal(p.ranking(data.X), q.ranking(data.X))
+    one = OrderPredictor("regressor", **params).fit(data.X, data.times,
+                                                    groups=["chain"] * len(frame))
+    assert one.tie_tolerance_ == 0.02  # one family: nothing to hold out
+    # A fixed tolerance is used as given.
+    fixed = OrderPredictor("regressor", n_estimators=20, tie_tolerance=0.3).fit(data.X,
+                                                                               data.times)
+    assert fixed.tie_tolerance_ == 0.3
+
+
 def test_fit_rejects_bad_times(frame):
     data = design_matrix(frame)
     with pytest.raises(TravorderError, match="finite and positive"):
@@ -395,9 +420,9 @@ def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_di
     p, _ = OrderPredictor.load(model_dir)
     low = min(rec.expected_regret.values())
     assert rec.tied == [o for o in p.classes_[np.argsort(p.mean_regret_, kind="stable")]
-                        if rec.expected_regret[o] <= low + p.tie_tolerance][:len(rec.tied)]
+                        if rec.expected_regret[o] <= low + p.tie_tolerance_][:len(rec.tied)]
     assert set(rec.tied) == {o for o, r in rec.expected_regret.items()
-                             if r <= low + p.tie_tolerance}
+                             if r <= low + p.tie_tolerance_}
     assert rec.order == rec.tied[0] and rec.runner_up not in rec.tied
     assert rec.confidence in ("high", "low") and rec.verified is None and not rec.exact
 

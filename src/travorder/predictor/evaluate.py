@@ -185,7 +185,8 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
                 held = ", ".join(sorted(set(test.family[held_out])))
                 progress(f"{kind}: fold {i + 1}/{fold_ids.size} (holding out {held})")
             train = train_fold != f
-            model = OrderPredictor(kind, **params).fit(data.X[train], data.times[train])
+            model = OrderPredictor(kind, **params).fit(data.X[train], data.times[train],
+                                                       groups=data.family[train])
             X = test.X.loc[held_out, data.X.columns]
             ranked[held_out] = model.ranking(X)
             shortlists[held_out] = model.shortlist(X, longest)

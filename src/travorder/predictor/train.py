@@ -26,7 +26,13 @@ from travorder.featurize import FEATURE_SCHEMA_VERSION
 from travorder.placement.orders import traversal_order
 from travorder.predictor.dataset import TrainingData, data_hash, design_matrix, prepared_graphs
 from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
-from travorder.predictor.model import KINDS, OrderPredictor, _sha256, tie_ranking
+from travorder.predictor.model import (
+    DEFAULT_TOLERANCE,
+    KINDS,
+    OrderPredictor,
+    _sha256,
+    tie_ranking,
+)
 from travorder.predictor.structure import BLOCKS, order_statistics
 from travorder.study.export import bundled_dataset, dataset_frame, load_dataset
 
@@ -123,8 +129,8 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
         test = design_matrix(_placer_rows(read_sources(test_sources),
                                           str(frame["placer"].iloc[0]), "test data"),
                              data.orders)
-    tolerance = OrderPredictor(**dict(params or {})).tie_tolerance
-    extra = structure_columns(data, structure, folds, corpus_dir, tie_tolerance=tolerance)
+    extra = structure_columns(data, structure, folds, corpus_dir,
+                              tie_tolerance=_fixed_tolerance(params))
     if extra.missing:
         raise TravorderError(extra.missing)
     data = replace(data, X=pd.concat([data.X, *extra.columns.values()], axis=1))
@@ -208,6 +214,13 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
     return out
 
 
+def _fixed_tolerance(params: dict[str, Any] | None) -> float:
+    """The tie tolerance of ``params``, or `DEFAULT_TOLERANCE` where it is chosen by
+    cross-validation (the graph network's own ranking uses a fixed one)."""
+    tolerance = OrderPredictor(**dict(params or {})).tie_tolerance
+    return DEFAULT_TOLERANCE if tolerance is None else tolerance
+
+
 def _variants(blocks: Sequence[str]) -> list[tuple[str, ...]]:
     """Feature-block combinations to compare: none, each alone, all together."""
     combos = [(), *((b,) for b in blocks)]
@@ -240,7 +253,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
         raise TravorderError("leave-family-out evaluation needs at least two families")
     params = dict(params or {})
     extra = structure_columns(data, structure, folds, corpus_dir, gnn_params,
-                              OrderPredictor(**params).tie_tolerance)
+                              _fixed_tolerance(params))
     blocks = [b for b in structure if b in extra.columns]
     parts: list[Evaluation] = []
     for combo in _variants(blocks):
@@ -262,7 +275,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     X = pd.concat([data.X, *(extra.columns[b] for b in combo)], axis=1)
     if progress is not None:
         progress(f"fitting {method} on all {len(frame)} rows")
-    model = OrderPredictor(kind, **params).fit(X, data.times)
+    model = OrderPredictor(kind, **params).fit(X, data.times, groups=data.family)
     t = ev.table
     best_fixed = float(t.loc[ev.best_fixed, "mean_regret"])
     chosen = float(t.loc[method, "mean_regret"])
