@@ -212,6 +212,7 @@ def test_tie_tolerance_chosen_by_family_cross_validation(frame, tmp_path):
     p.save(tmp_path, feature_schema_version=FEATURE_SCHEMA_VERSION)
     q, manifest = OrderPredictor.load(tmp_path)
     assert q.tie_tolerance is None and q.tie_tolerance_ == p.tie_tolerance_
+    assert manifest["tie_tolerance_used"] == p.tie_tolerance_
     np.testing.assert_array_equal(p.ranking(data.X), q.ranking(data.X))
     one = OrderPredictor("regressor", **params).fit(data.X, data.times,
                                                     groups=["chain"] * len(frame))
