@@ -398,6 +398,10 @@ def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_
         enumerate(["chain", "inception", "resnet", "rnn", "transformer"], 1)]
     assert f"fitting classifier on all {n} rows" in err and "warning" not in err
     assert f"installed as the default model: {config_home}" in text
+    # the comparison: the fixed order chosen on the training folds, per scenario and family
+    assert "against the best fixed order chosen on the training folds" in text
+    assert "mean regret per scenario and cluster" in text
+    assert "families worse than best-fixed beyond noise" in text
 
     code, text, _ = run(capsys, "model", "show")
     assert code == 0 and f"active model: {config_home} (user default)" in text
