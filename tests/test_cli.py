@@ -417,6 +417,10 @@ def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_
         enumerate(["chain", "inception", "resnet", "rnn", "transformer"], 1)]
     assert f"fitting classifier on all {n} rows" in err and "warning" not in err
     assert f"installed as the default model: {config_home}" in text
+    # the comparison: the fixed order chosen on the training folds, per scenario and family
+    assert "against the best fixed order chosen on the training folds" in text
+    assert "mean regret per scenario and cluster" in text
+    assert "families worse than best-fixed beyond noise" in text
 
     code, text, _ = run(capsys, "model", "show")
     assert code == 0 and f"active model: {config_home} (user default)" in text
@@ -443,6 +447,48 @@ def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_
     assert code == 0 and "no user default model was installed" in text
 
 
+def test_evaluate_with_test_data_breaks_the_result_down(capsys, datasets, tmp_path):
+    import pandas as pd
+
+    # Train on "learnable", test on "fixed" (topo always wins there), its scenario renamed.
+    test = pd.read_csv(datasets["fixed"]).assign(scenario="perturbed")
+    test_path = tmp_path / "test.parquet"
+    test.to_parquet(test_path)
+    base = ["evaluate", "--data", datasets["learnable"], "--kinds", "classifier"]
+    code, text, err = run(capsys, *base, "--test-data", str(test_path), "--folds", "5",
+                          "--json")
+    assert code == 0, err
+    result = json.loads(text)
+    methods = {r["method"]: r for r in result["table"]}
+    assert methods["always-topo"]["mean_regret"] == 0  # scored on the test rows
+    assert methods["classifier"]["mean_regret"] > 0  # it learned bfs on parallel graphs
+    groups = {(r["scenario"], r["cluster"], r["method"]) for r in result["breakdown"]}
+    assert ("perturbed", "all", "classifier") in groups
+    assert ("perturbed", "k80x3", "best-fixed") in groups
+    fams = [r for r in result["families"] if r["method"] == "classifier"]
+    assert len(fams) == 5 and all(r["noise"] == pytest.approx(0.01) for r in fams)
+    code, text, _ = run(capsys, *base, "--test-data", str(test_path))
+    assert code == 0 and "mean regret per scenario and cluster" in text
+    assert "families worse than best-fixed beyond noise" in text
+
+    missing = tmp_path / "none.parquet"
+    no_bfs = tmp_path / "no_bfs.csv"
+    test.drop(columns="time_bfs").to_csv(no_bfs, index=False)
+    other_placer = tmp_path / "rl.csv"
+    test.assign(placer="rl").to_csv(other_placer, index=False)
+    for extra, message in (
+            (["--test-data", str(missing)], "none.parquet"),
+            (["--test-data", str(no_bfs)], "no step times for order 'bfs'"),
+            (["--test-data", str(other_placer)], "no rows for placer 'greedy' (the test "
+                                                 "data has rl)"),
+            (["--test-data", str(test_path), "--structure", "gnn"], "--test-data takes"),
+            (["--structure", "bogus"], "unknown feature block 'bogus'"),
+            (["--folds", "1"], "--folds must be at least 2")):
+        code, text, err = run(capsys, *base, *extra)
+        assert code == 2 and text == "" and len(err.strip().splitlines()) == 1, (extra, err)
+        assert message in err, (extra, err)
+
+
 def test_train_will_not_install_a_model_that_loses_to_a_fixed_order(capsys, datasets,
                                                                     config_home, tmp_path):
     out = tmp_path / "model"
@@ -450,11 +496,11 @@ def test_train_will_not_install_a_model_that_loses_to_a_fixed_order(capsys, data
     code, _, err = run(capsys, *argv, "--use-as-default")
     last = err.splitlines()[-1]
     assert code == 2 and last.startswith("error: not installed as the default model: "
-                                         "classifier does not beat always-topo"), err
+                                         "classifier does not beat the best fixed order"), err
     assert "--force" in last and "Traceback" not in err
     assert (out / "manifest.json").exists() and not config_home.exists()
     code, _, err = run(capsys, *argv)  # not installing: a warning only
-    assert code == 0 and "warning: classifier does not beat always-topo" in err
+    assert code == 0 and "warning: classifier does not beat the best fixed order" in err
     code, _, err = run(capsys, *argv, "--use-as-default", "--force")
     assert code == 0 and "warning:" in err and (config_home / "manifest.json").exists()
 

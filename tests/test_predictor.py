@@ -108,6 +108,121 @@ def test_ties_count_as_hits(frame):
     assert ev.table.loc["always-dfs_preorder", "top1"] == 0.0
 
 
+def _scenario_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` under two scenarios: ``a`` as ``frame``; in ``b`` dfs_preorder wins."""
+    b = frame.assign(time_dfs_preorder=0.9)
+    return pd.concat([frame.assign(scenario="a"), b.assign(scenario="b")], ignore_index=True)
+
+
+def test_breakdown_per_scenario_and_cluster(frame):
+    data = design_matrix(_scenario_frame(frame))
+    ev = evaluate(data, kinds=("classifier",), params={"n_estimators": 30,
+                                                       "min_child_samples": 2}, verify=())
+    b = ev.breakdown
+    assert set(b.index.get_level_values("scenario")) == {"a", "b"}
+    assert set(b.index.get_level_values("cluster")) == {"all", "k80x3", "v100x4-nvlink"}
+    assert set(b.index.get_level_values("method")) == {"classifier", "best-fixed",
+                                                       "best-fixed-per-scenario", "oracle"}
+    assert b.loc[("a", "all", "oracle"), "rows"] == len(frame)
+    # In b, dfs_preorder always wins: the fixed order chosen per scenario on the training
+    # folds has no regret there; one order for both scenarios has some.
+    assert b.loc[("b", "all", "best-fixed-per-scenario"), "mean_regret"] == 0
+    assert b.loc[("b", "all", "best-fixed"), "mean_regret"] > 0
+    t = ev.table
+    for m in ("classifier", "best-fixed"):  # the parts add up to the whole
+        part = b.xs(m, level="method")
+        by_cluster = part[part.index.get_level_values("cluster") != "all"]
+        for what in (by_cluster, part.xs("all", level="cluster")):
+            assert (what["mean_regret"] * what["rows"]).sum() / what["rows"].sum() \
+                == pytest.approx(t.loc[m, "mean_regret"])
+    assert t.loc["best-fixed-per-scenario", "mean_regret"] < t.loc["best-fixed", "mean_regret"]
+    assert json.dumps(ev.summary())  # JSON-ready, breakdown and families too
+
+
+def test_families_worse_than_the_best_fixed_order_beyond_noise(frame):
+    # topo always wins, bfs within 0.4 %: the best fixed order is topo in every fold. A
+    # method that picks dfs_preorder on the chain family (2x slower) is worse there beyond
+    # the 1 % tie gap of a deterministic placer; bfs on rnn is within it.
+    frame = frame.assign(time_topo=1.0, time_bfs=1.004)
+    data = design_matrix(frame)
+    n, orders = len(frame), data.orders
+    bad = np.tile(np.arange(3), (n, 1))
+    bad[frame["family"] == "chain"] = [orders.index("dfs_preorder"), 0, 1]
+    bad[frame["family"] == "rnn"] = [orders.index("bfs"), 0, 2]
+    ev = evaluate(data, kinds=(), rankings={"bad": bad}, verify=())
+    fam = ev.families.loc["bad"]
+    assert ev.table.loc["best-fixed", "mean_regret"] == ev.table.loc["always-topo",
+                                                                     "mean_regret"]
+    assert fam.loc["chain", "worse"] and fam.index[0] == "chain"
+    assert fam.loc["chain", "noise"] == pytest.approx(0.01)
+    assert fam.loc["chain", "excess"] == pytest.approx(
+        fam.loc["chain", "regret"] - fam.loc["chain", "best_fixed_regret"])
+    assert fam["worse"].sum() == 1 == ev.table.loc["bad", "families_worse"]
+    assert ev.table.loc["bad", "worst_family_excess"] == pytest.approx(
+        fam.loc["chain", "excess"])
+    # Standard errors widen the noise: a 2x gap within two standard errors is a tie.
+    noisy = frame.assign(se_topo=1.0, se_dfs_preorder=1.0, se_bfs=1.0)
+    ev = evaluate(design_matrix(noisy), kinds=(), rankings={"bad": bad}, verify=())
+    assert not ev.families.loc["bad", "worse"].any()
+
+
+def test_evaluate_on_a_separate_test_dataset(frame):
+    params = {"n_estimators": 30, "min_child_samples": 2}
+    data = design_matrix(frame)
+    # The test data: the same rows under other costs, where bfs never wins, and one
+    # family the training data does not hold.
+    other = frame.assign(time_bfs=1.5)
+    extra = other[other["family"] == "rnn"].assign(family="rnn_new")
+    test = design_matrix(pd.concat([other, extra], ignore_index=True))
+    ev = evaluate(data, kinds=("classifier",), params=params, verify=(2,), test=test)
+    t = ev.table
+    T = test.times.to_numpy()
+    regret = T / T.min(axis=1, keepdims=True) - 1
+    # scored on the test rows with the test data's step times ...
+    assert t.loc["always-bfs", "mean_regret"] == pytest.approx(regret[:, 1].mean())
+    assert t.loc["always-topo", "mean_regret"] == 0 and t.loc["oracle", "top1"] == 1
+    assert "rnn_new" in ev.per_family.columns
+    # ... by a model that learned the training data's rule (bfs on parallel graphs, which
+    # loses in the test data) ...
+    assert evaluate(data, kinds=("classifier",), params=params, verify=()).table.loc[
+        "classifier", "mean_regret"] < t.loc["classifier", "mean_regret"] / 2
+    # ... and the fixed order chosen on the training rows of the other families
+    R = data.times.to_numpy() / data.times.min(axis=1).to_numpy()[:, None] - 1
+    expected = [regret[i, R[data.family != f].mean(axis=0).argmin()]
+                for i, f in enumerate(test.family)]
+    assert t.loc["best-fixed", "mean_regret"] == pytest.approx(np.mean(expected))
+    with pytest.raises(TravorderError, match="test data has the orders"):
+        evaluate(data, kinds=(), test=design_matrix(frame.drop(columns="time_bfs")))
+    with pytest.raises(TravorderError, match="test data lacks the feature"):
+        evaluate(data, kinds=(), test=design_matrix(frame.drop(columns="f_n_nodes")))
+
+
+def test_tie_tolerance_chosen_by_family_cross_validation(frame, tmp_path):
+    from travorder.predictor.model import TOLERANCES
+
+    data = design_matrix(frame)
+    params = {"n_estimators": 20, "min_child_samples": 2, "tie_tolerance": None}
+    with pytest.raises(TravorderError, match="fit needs groups"):
+        OrderPredictor("regressor", **params).fit(data.X, data.times)
+    p = OrderPredictor("regressor", **params).fit(data.X, data.times, groups=data.family)
+    assert p.tie_tolerance_ in TOLERANCES and set(p.tolerance_regret_) == set(TOLERANCES)
+    low = min(p.tolerance_regret_.values())
+    assert p.tolerance_regret_[p.tie_tolerance_] == low  # the largest of the best
+    assert all(r > low for t, r in p.tolerance_regret_.items() if t > p.tie_tolerance_)
+    p.save(tmp_path, feature_schema_version=FEATURE_SCHEMA_VERSION)
+    q, manifest = OrderPredictor.load(tmp_path)
+    assert q.tie_tolerance is None and q.tie_tolerance_ == p.tie_tolerance_
+    assert manifest["tie_tolerance_used"] == p.tie_tolerance_
+    np.testing.assert_array_equal(p.ranking(data.X), q.ranking(data.X))
+    one = OrderPredictor("regressor", **params).fit(data.X, data.times,
+                                                    groups=["chain"] * len(frame))
+    assert one.tie_tolerance_ == 0.02  # one family: nothing to hold out
+    # A fixed tolerance is used as given.
+    fixed = OrderPredictor("regressor", n_estimators=20, tie_tolerance=0.3).fit(data.X,
+                                                                               data.times)
+    assert fixed.tie_tolerance_ == 0.3
+
+
 def test_fit_rejects_bad_times(frame):
     data = design_matrix(frame)
     with pytest.raises(TravorderError, match="finite and positive"):
@@ -306,9 +421,9 @@ def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_di
     p, _ = OrderPredictor.load(model_dir)
     low = min(rec.expected_regret.values())
     assert rec.tied == [o for o in p.classes_[np.argsort(p.mean_regret_, kind="stable")]
-                        if rec.expected_regret[o] <= low + p.tie_tolerance][:len(rec.tied)]
+                        if rec.expected_regret[o] <= low + p.tie_tolerance_][:len(rec.tied)]
     assert set(rec.tied) == {o for o, r in rec.expected_regret.items()
-                             if r <= low + p.tie_tolerance}
+                             if r <= low + p.tie_tolerance_}
     assert rec.order == rec.tied[0] and rec.runner_up not in rec.tied
     assert rec.confidence in ("high", "low") and rec.verified is None and not rec.exact
 

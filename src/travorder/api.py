@@ -202,7 +202,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                 and results[j].step_time_us <= fastest * (1 + TIE_REL_TOL)]
         margin = results[tied[-1]].step_time_us / fastest - 1.0
     else:
-        tied = [j for j in ranked if regret[j] <= regret.min() + est.tie_tolerance]
+        tied = [j for j in ranked if regret[j] <= regret.min() + est.tie_tolerance_]
         margin = float(regret[tied].max() - regret[tied].min())
     best = int(ranked[0])
     second = next((int(j) for j in ranked if j not in tied), int(ranked[1]))

@@ -19,7 +19,10 @@ order was ``c``; the regressor predicts it directly (``exp(predicted log-ratio) 
 Recommendations go by expected regret (`ranking`): the recommended order is within
 ``tie_tolerance`` (2 %) of the lowest figure printed, and among the orders that close
 (tied within the predictor's noise) the one with the lowest mean regret on the training
-data. ``shortlist`` gives the orders worth checking by placement: the
+data. ``tie_tolerance=None`` chooses the tolerance by family-grouped cross-validation on
+the training rows (``fit(..., groups=)``, `TOLERANCES`): a confidence gate, the model's pick
+only when it beats the safest order by more than the model's own held-out noise.
+``shortlist`` gives the orders worth checking by placement: the
 best fixed order of the training data (lowest ``mean_regret_``) first, then the others by
 expected regret, so that keeping the fastest of them is never worse than that fixed order.
 
@@ -57,6 +60,9 @@ KINDS = ("classifier", "regressor", "ranker")
 MANIFEST = "manifest.json"
 FORMAT = "travorder.predictor"
 FORMAT_VERSION = 1
+#: The tie tolerances ``tie_tolerance=None`` chooses from; 0.02 when it cannot choose.
+TOLERANCES = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
+DEFAULT_TOLERANCE = 0.02
 # Softmax temperature for the regressor's log-ratio predictions: 5 % slower is e^-1 as likely.
 _REGRESSOR_TEMPERATURE = 0.05
 
@@ -95,9 +101,11 @@ class OrderPredictor:
     def __init__(self, kind: str = "classifier", *, n_estimators: int = 200,
                  learning_rate: float = 0.05, num_leaves: int = 15,
                  min_child_samples: int = 5, random_state: int = 0,
-                 tie_tolerance: float = 0.02) -> None:
+                 tie_tolerance: float | None = DEFAULT_TOLERANCE,
+                 tolerance_folds: int = 3) -> None:
         self.kind = kind
         self.tie_tolerance = tie_tolerance
+        self.tolerance_folds = tolerance_folds
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate
         self.num_leaves = num_leaves
@@ -132,8 +140,9 @@ class OrderPredictor:
                 "random_state": self.random_state, "n_jobs": 1, "verbose": -1,
                 "deterministic": True}
 
-    def fit(self, X: Features, times: pd.DataFrame) -> OrderPredictor:
-        """Learn from features ``X`` and ``times`` (rows x orders, step times, > 0)."""
+    def fit(self, X: Features, times: pd.DataFrame, groups: Any = None) -> OrderPredictor:
+        """Learn from features ``X`` and ``times`` (rows x orders, step times, > 0);
+        ``groups``: a family per row, for ``tie_tolerance=None`` (`choose_tolerance`)."""
         import lightgbm as lgb
 
         if self.kind not in KINDS:
@@ -173,7 +182,38 @@ class OrderPredictor:
             ranker.fit(self._ranker_rows(Xa), relevance, group=np.full(Xa.shape[0], k))
             boosters = [ranker.booster_]
         self.models_ = [TreeEnsemble(b.model_to_string()) for b in boosters]
+        self.tie_tolerance_ = self.tie_tolerance if self.tie_tolerance is not None \
+            else self.choose_tolerance(Xa, times, groups)
         return self
+
+    def choose_tolerance(self, X: Features, times: pd.DataFrame, groups: Any) -> float:
+        """The tie tolerance of `TOLERANCES` whose recommendations have the lowest mean
+        regret when ``tolerance_folds`` family-grouped folds of the rows are held out in
+        turn (the largest among equals); `DEFAULT_TOLERANCE` with fewer than two families.
+        Sets ``tolerance_regret_``: that mean regret per tolerance."""
+        if groups is None:
+            raise TravorderError("tie_tolerance=None chooses the tolerance by family "
+                                 "cross-validation: fit needs groups (a family per row)")
+        names, index = np.unique(np.asarray(groups, dtype=str), return_inverse=True)
+        if names.size < 2:
+            self.tolerance_regret_ = {}
+            return DEFAULT_TOLERANCE
+        fold = index % min(self.tolerance_folds, names.size)
+        T = times.to_numpy(dtype=float)
+        predicted, safety = np.zeros(T.shape), np.zeros(T.shape)
+        for f in np.unique(fold):
+            held_out = fold == f
+            inner = OrderPredictor(**{**self.get_params(), "tie_tolerance": 0.0}).fit(
+                X[~held_out], times[~held_out])
+            predicted[held_out] = inner.expected_regret(X[held_out])
+            safety[held_out] = inner.mean_regret_
+        regret = T / T.min(axis=1, keepdims=True) - 1.0
+        rows = np.arange(T.shape[0])
+        self.tolerance_regret_ = {
+            t: float(regret[rows, tie_ranking(predicted, safety, t)[:, 0]].mean())
+            for t in TOLERANCES}
+        low = min(self.tolerance_regret_.values())
+        return max(t for t, r in self.tolerance_regret_.items() if r <= low + 1e-12)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "models_"):
@@ -258,7 +298,8 @@ class OrderPredictor:
 
     def ranking(self, X: Features) -> np.ndarray:
         """Per row, the orders (indices into ``classes_``) from best to worst: the orders
-        within ``tie_tolerance`` of the lowest expected regret first, the one with the lowest
+        within ``tie_tolerance_`` (``tie_tolerance`` or the chosen one) of the lowest
+        expected regret first, the one with the lowest
         mean regret on the training rows (the safest) leading, then the others by expected
         regret (`tie_ranking`). What `predict`, `shortlist` and recommendations go by."""
         return self.rank(self.scores(X))
@@ -266,7 +307,7 @@ class OrderPredictor:
     def rank(self, scores: np.ndarray) -> np.ndarray:
         """`ranking` from precomputed `scores`; see `tie_ranking`."""
         return tie_ranking(self.regret_from_scores(scores), self.mean_regret_,
-                           self.tie_tolerance, scores)
+                           self.tie_tolerance_, scores)
 
     def shortlist(self, X: Features, k: int) -> np.ndarray:
         """Per row, ``k`` orders to check by placement (indices into ``classes_``): the
@@ -329,6 +370,9 @@ class OrderPredictor:
             "labels": getattr(self, "labels_", np.arange(self.classes_.size)).tolist(),
             "regret_table": self.regret_table_.tolist(),
             "mean_regret": self.mean_regret_.tolist(), "model_files": checksums,
+            "tie_tolerance_used": self.tie_tolerance_,
+            "tolerance_regret": {str(t): r for t, r in
+                                 getattr(self, "tolerance_regret_", {}).items()},
             "library_versions": {"lightgbm": lgb.__version__, "numpy": np.__version__},
             **manifest,
         }
@@ -355,6 +399,9 @@ class OrderPredictor:
             p.labels_ = np.array(doc["labels"], dtype=np.int64)
             p.regret_table_ = np.array(doc["regret_table"], dtype=float)
             p.mean_regret_ = np.array(doc["mean_regret"], dtype=float)
+            p.tie_tolerance_ = float(doc.get("tie_tolerance_used",
+                                             p.tie_tolerance if p.tie_tolerance is not None
+                                             else DEFAULT_TOLERANCE))
             files = dict(doc["model_files"])
         except (KeyError, TypeError, ValueError) as exc:
             raise FormatError(f"{d / MANIFEST}: predictor manifest is missing {exc}") from None

@@ -26,7 +26,13 @@ from travorder.featurize import FEATURE_SCHEMA_VERSION
 from travorder.placement.orders import traversal_order
 from travorder.predictor.dataset import TrainingData, data_hash, design_matrix, prepared_graphs
 from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
-from travorder.predictor.model import KINDS, OrderPredictor, _sha256, tie_ranking
+from travorder.predictor.model import (
+    DEFAULT_TOLERANCE,
+    KINDS,
+    OrderPredictor,
+    _sha256,
+    tie_ranking,
+)
 from travorder.predictor.structure import BLOCKS, order_statistics
 from travorder.study.export import read_sources
 
@@ -48,10 +54,67 @@ class TrainResult:
     @property
     def beats_fixed(self) -> bool:
         """Whether the chosen method's held-out mean regret is below the best fixed
-        order's: if not, always using that order does at least as well."""
+        order's (chosen on the training folds): if not, always using that order does at
+        least as well."""
         table = self.evaluation.table
         return bool(table.loc[self.method or self.kind, "mean_regret"]
-                    < table.loc[self.evaluation.best_fixed, "mean_regret"])
+                    < table.loc["best-fixed", "mean_regret"])
+
+
+def _placer_rows(frame: pd.DataFrame, placer: str | None, what: str = "data"
+                 ) -> pd.DataFrame:
+    """The rows of ``placer`` (default: the only placer in ``frame``)."""
+    placers = sorted(frame["placer"].unique()) if "placer" in frame.columns else []
+    if not placers:
+        raise TravorderError(f"the {what} has no placer column; is it a study export?")
+    if placer is None:
+        if len(placers) > 1:
+            raise TravorderError(f"the {what} holds several placers ({', '.join(placers)}); "
+                                 "choose one with --placer")
+        placer = placers[0]
+    if placer not in placers:
+        raise TravorderError(f"no rows for placer {placer!r} (the {what} has "
+                             f"{', '.join(placers)})")
+    return frame[frame["placer"] == placer].reset_index(drop=True)
+
+
+def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
+                     test_sources: Sequence[str | os.PathLike[str]] | None = None, *,
+                     placer: str | None = None, kinds: Sequence[str] = KINDS,
+                     params: dict[str, Any] | None = None, structure: Sequence[str] = (),
+                     folds: int | None = None, corpus_dir: str | None = None,
+                     progress: Callable[[str], None] | None = None) -> Evaluation:
+    """`evaluate` the ``kinds`` on ``sources`` (read as `train_predictor` reads them) with
+    the ``structure`` feature blocks, leave-family-out; with ``test_sources``, scored on
+    their rows of the held-out families (`evaluate`'s ``test``: train on one study, test
+    on another, e.g. the same graphs under perturbed step-time costs)."""
+    if folds is not None and folds < 2:
+        raise TravorderError(f"--folds must be at least 2, got {folds}")
+    frame = _placer_rows(read_sources(sources), placer)
+    data = design_matrix(frame)
+    if len(np.unique(data.family)) < 2:
+        raise TravorderError("leave-family-out evaluation needs at least two families")
+    test = None
+    if test_sources:
+        if "gnn" in structure:
+            raise TravorderError("--test-data takes the order statistics, not the graph "
+                                 "network (its columns are held out within one dataset)")
+        test = design_matrix(_placer_rows(read_sources(test_sources),
+                                          str(frame["placer"].iloc[0]), "test data"),
+                             data.orders)
+    extra = structure_columns(data, structure, folds, corpus_dir,
+                              tie_tolerance=_fixed_tolerance(params))
+    if extra.missing:
+        raise TravorderError(extra.missing)
+    data = replace(data, X=pd.concat([data.X, *extra.columns.values()], axis=1))
+    rankings = None if extra.gnn_ranking is None else {"graph_net": extra.gnn_ranking}
+    if test is not None:
+        more = structure_columns(test, structure, folds, corpus_dir)
+        if more.missing:
+            raise TravorderError(f"test data: {more.missing}")
+        test = replace(test, X=pd.concat([test.X, *more.columns.values()], axis=1))
+    return evaluate(data, kinds, params, folds=folds, rankings=rankings, progress=progress,
+                    test=test)
 
 
 def _one_value(frame: pd.DataFrame, column: str, default: Any) -> Any:
@@ -124,6 +187,13 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
     return out
 
 
+def _fixed_tolerance(params: dict[str, Any] | None) -> float:
+    """The tie tolerance of ``params``, or `DEFAULT_TOLERANCE` where it is chosen by
+    cross-validation (the graph network's own ranking uses a fixed one)."""
+    tolerance = OrderPredictor(**dict(params or {})).tie_tolerance
+    return DEFAULT_TOLERANCE if tolerance is None else tolerance
+
+
 def _variants(blocks: Sequence[str]) -> list[tuple[str, ...]]:
     """Feature-block combinations to compare: none, each alone, all together."""
     combos = [(), *((b,) for b in blocks)]
@@ -149,25 +219,16 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     """
     if Path(out).exists() and not Path(out).is_dir():
         raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
-    frame = read_sources(sources)
-    placers = sorted(frame["placer"].unique())
-    if placer is None:
-        if len(placers) > 1:
-            raise TravorderError(f"the data holds several placers ({', '.join(placers)}); "
-                                 "choose one with --placer")
-        placer = placers[0]
-    if placer not in placers:
-        raise TravorderError(f"no rows for placer {placer!r} (the data has "
-                             f"{', '.join(placers)})")
-    frame = frame[frame["placer"] == placer].reset_index(drop=True)
+    frame = _placer_rows(read_sources(sources), placer)
+    placer = str(frame["placer"].iloc[0])
     data = design_matrix(frame)
     if len(np.unique(data.family)) < 2:
         raise TravorderError("leave-family-out evaluation needs at least two families")
     params = dict(params or {})
     extra = structure_columns(data, structure, folds, corpus_dir, gnn_params,
-                              OrderPredictor(**params).tie_tolerance)
+                              _fixed_tolerance(params))
     blocks = [b for b in structure if b in extra.columns]
-    tables, per_family = [], []
+    parts: list[Evaluation] = []
     for combo in _variants(blocks):
         X = pd.concat([data.X, *(extra.columns[b] for b in combo)], axis=1)
         rankings = {"graph_net": extra.gnn_ranking} \
@@ -176,28 +237,30 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
             progress(f"features: graph{''.join(' + ' + b for b in combo)}")
         ev = evaluate(replace(data, X=X), kinds, params, folds=folds, rankings=rankings,
                       progress=progress)
-        rename = {m: _method(m, combo) for m in ev.table.index if _learned(m, kinds)}
-        tables.append(ev.table.rename(index=rename) if combo else ev.table)
-        per_family.append(ev.per_family.rename(index=rename) if combo else ev.per_family)
-        if combo:  # the baselines once
-            keep = list(rename.values())
-            tables[-1], per_family[-1] = tables[-1].loc[keep], per_family[-1].loc[keep]
-    ev = Evaluation(pd.concat(tables), pd.concat(per_family), ev.best_fixed)
+        parts.append(_renamed(ev, combo, kinds) if combo else ev)
+    ev = Evaluation(*(pd.concat([getattr(p, f) for p in parts])
+                      for f in ("table", "per_family")), ev.best_fixed,
+                    *(pd.concat([getattr(p, f) for p in parts])
+                      for f in ("breakdown", "families")))
     candidates = {_method(k, combo): (k, combo) for combo in _variants(blocks) for k in kinds}
     method = str(ev.table.loc[list(candidates), "mean_regret"].idxmin())
     kind, combo = candidates[method]
     X = pd.concat([data.X, *(extra.columns[b] for b in combo)], axis=1)
     if progress is not None:
         progress(f"fitting {method} on all {len(frame)} rows")
-    model = OrderPredictor(kind, **params).fit(X, data.times)
+    model = OrderPredictor(kind, **params).fit(X, data.times, groups=data.family)
     t = ev.table
     best_fixed = float(t.loc[ev.best_fixed, "mean_regret"])
     chosen = float(t.loc[method, "mean_regret"])
+    fixed = float(t.loc["best-fixed", "mean_regret"])
     comparison = (f"held-out mean regret: {method} {100 * chosen:.2f}% against the best fixed "
-                  f"order ({ev.best_fixed.removeprefix('always-')}) {100 * best_fixed:.2f}%; "
-                  + ("better" if chosen < best_fixed else "NOT better")
-                  + f"; worst family {100 * t.loc[method, 'worst_family_excess']:+.1f}% "
-                  "against it")
+                  f"order chosen on the training folds {100 * fixed:.2f}% (over all rows: "
+                  f"{ev.best_fixed.removeprefix('always-')} {100 * best_fixed:.2f}%); "
+                  + ("better" if chosen < fixed else "NOT better")
+                  + (f", ratio {chosen / fixed:.2f}" if fixed > 0 else "")
+                  + f"; worst family {100 * t.loc[method, 'worst_family_excess']:+.1f} points "
+                  f"against it, {int(t.loc[method, 'families_worse'])} of "
+                  f"{len(np.unique(data.family))} families worse beyond noise")
     why = ("lowest held-out mean regret: " + ", ".join(
         f"{m} {t.loc[m, 'mean_regret']:.4f}" for m in candidates)
         + f"; best fixed order {ev.best_fixed} {best_fixed:.4f}")
@@ -219,7 +282,10 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
         data_hash=data_hash(frame), method=method, structure=list(combo),
         chosen_because=why, comparison=comparison,
         vs_best_fixed={"method": method, "mean_regret": chosen,
-                       "best_fixed": ev.best_fixed, "best_fixed_mean_regret": best_fixed},
+                       "best_fixed": ev.best_fixed, "best_fixed_mean_regret": best_fixed,
+                       "best_fixed_training_folds_mean_regret": fixed,
+                       "worst_family_excess": float(t.loc[method, "worst_family_excess"]),
+                       "families_worse": int(t.loc[method, "families_worse"])},
         evaluation_folds=folds,
         scenarios=sorted((json.loads(d) for d in frame["scenario_def"].unique()),
                          key=lambda d: d["name"]) if "scenario_def" in frame.columns else [],
@@ -231,6 +297,20 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
 
 
 GNN_FILE = "graph_net.npz"
+
+
+def _renamed(ev: Evaluation, combo: tuple[str, ...], kinds: Sequence[str]) -> Evaluation:
+    """The learned methods of ``ev`` alone, named with their feature blocks (`_method`)."""
+    rename = {m: _method(m, combo) for m in ev.table.index if _learned(m, kinds)}
+    keep = list(rename.values())
+
+    def learned(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.rename(index=rename, level="method")
+        return frame[frame.index.get_level_values("method").isin(keep)]
+
+    return Evaluation(ev.table.rename(index=rename).loc[keep],
+                      ev.per_family.rename(index=rename).loc[keep], ev.best_fixed,
+                      learned(ev.breakdown), learned(ev.families))
 
 
 def _learned(method: str, kinds: Sequence[str]) -> bool:
