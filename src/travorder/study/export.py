@@ -59,8 +59,11 @@ REL_TOL = 0.01
 Z = 2.0
 
 #: The datasets of the bundled study, in ``travorder/study/data``: each name's parts.
-BUNDLED_DATASETS = {"greedy": ("greedy.parquet",), "rl": ("rl.parquet", "rl-full-1.parquet"),
-                    "greedy-perturbed": ("greedy-perturbed.parquet",)}
+BUNDLED_DATASETS = {
+    "greedy": ("greedy.parquet",),
+    "rl": ("rl.parquet", "rl-pipelined-1.parquet", "rl-full-1.parquet"),
+    "greedy-perturbed": ("greedy-perturbed.parquet",),
+}
 
 _GROUP = ["graph_hash", "graph_name", "scenario", "cluster", "cluster_hash", "placer",
           "config_hash", "placer_options", "training", "coarsen_max_nodes"]
