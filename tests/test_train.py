@@ -4,6 +4,8 @@ against the bundled dataset it was trained on."""
 from __future__ import annotations
 
 import json
+from importlib import resources
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -91,6 +93,23 @@ def test_shipped_model_records_its_evaluation_on_the_bundled_dataset():
     scenarios = {r["scenario"] for r in manifest["evaluation"]["breakdown"]}
     assert scenarios == {s["name"] for s in manifest["scenarios"]}
     assert np.isfinite(model.mean_regret_).all()
+
+
+def test_shipped_rl_model_learned_from_the_coarsened_rl_study():
+    directory = bundled_model_dir("rl")
+    assert directory.name == "default_rl"
+    model, manifest = OrderPredictor.load(directory)
+    assert manifest["placer"] == "rl" and manifest["coarsen_max_nodes"] == 200
+    data = resources.files("travorder.study").joinpath("data")
+    frame = read_sources([Path(str(data / p)) for p in ("rl.parquet",
+                                                        "rl-pipelined-1.parquet")])
+    assert data_hash(frame) == manifest["data_hash"]  # the coarsened parts, exactly
+    vs = manifest["vs_best_fixed"]
+    # No order effect beyond noise in these rows: the model only has to be no worse than
+    # the best fixed order on its held-out families, and on none beyond noise.
+    assert vs["mean_regret"] <= vs["best_fixed_training_folds_mean_regret"]
+    assert vs["families_worse"] == 0
+    assert set(model.classes_) == set(manifest["orders"])
 
 
 def test_a_model_with_the_graph_network_ships_its_weights(small_dataset, tmp_path,
