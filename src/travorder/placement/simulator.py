@@ -622,7 +622,14 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
 @njit(cache=True, inline="always")
 def _rq_push(rq_t, rq_v, base, size, t, v):
     """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
-    i = size
+    _rq_rise(rq_t, rq_v, base, size, t, v)
+    return size + 1
+
+
+@njit(cache=True, inline="always")
+def _rq_rise(rq_t, rq_v, base, i, t, v):
+    """Put op v, ready at t, into the hole at position i of a device's ready heap, moving
+    the later parents down into it."""
     while i > 0:
         p = (i - 1) >> 1
         pt = rq_t[base + p]
@@ -633,7 +640,6 @@ def _rq_push(rq_t, rq_v, base, size, t, v):
         i = p
     rq_t[base + i] = t
     rq_v[base + i] = v
-    return size + 1
 
 
 @njit(cache=True, inline="always")
@@ -657,16 +663,7 @@ def _rq_pop(rq_t, rq_v, base, size):
         rq_v[base + i] = rq_v[base + c]
         i = c
         c = 2 * i + 1
-    while i > 0:
-        p = (i - 1) >> 1
-        pt = rq_t[base + p]
-        if pt < t or (pt == t and rq_v[base + p] < v):
-            break
-        rq_t[base + i] = pt
-        rq_v[base + i] = rq_v[base + p]
-        i = p
-    rq_t[base + i] = t
-    rq_v[base + i] = v
+    _rq_rise(rq_t, rq_v, base, i, t, v)
     return size
 
 
