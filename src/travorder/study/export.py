@@ -61,7 +61,8 @@ Z = 2.0
 #: The datasets of the bundled study, in ``travorder/study/data``: each name's parts.
 BUNDLED_DATASETS = {
     "greedy": ("greedy.parquet",),
-    "rl": ("rl.parquet", "rl-pipelined-1.parquet", "rl-pipelined-2.parquet", "rl-full-1.parquet"),
+    "rl": ("rl.parquet", "rl-pipelined-1.parquet", "rl-pipelined-2.parquet",
+           "rl-pipelined-3.parquet", "rl-full-1.parquet"),
     "greedy-perturbed": ("greedy-perturbed.parquet",),
 }
 
