@@ -19,7 +19,7 @@ the worst family's excess and the families worse beyond noise (`evaluate`), and 
 regret per scenario.
 
     python benchmarks/predictor_gates.py [--data bundled:greedy] [--folds 10]
-        [--params '{"num_leaves": 7}'] [--no-inner]
+        [--params '{"num_leaves": 7}'] [--no-inner] [--pooled]
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ import pandas as pd
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate, family_folds
 from travorder.predictor.model import TOLERANCES, OrderPredictor, tie_ranking
+from travorder.predictor.structure import ORDER_STATS
 from travorder.predictor.train import read_sources, structure_columns
 
 INNER = 3
@@ -49,12 +50,40 @@ def _scenario_safety(regret: np.ndarray, scenario: np.ndarray, train: np.ndarray
     return out
 
 
+def _pooled_regret(X: pd.DataFrame, orders: list[str], log_ratio: np.ndarray,
+                   train: np.ndarray, held_out: np.ndarray) -> np.ndarray:
+    """Expected regret per order of the ``held_out`` rows from one LightGBM regressor
+    fitted on the ``train`` rows' (row, order) pairs (see the module docstring)."""
+    import lightgbm as lgb
+
+    k = len(orders)
+    graph = X[[c for c in X.columns if not c.startswith("o_")]].to_numpy()
+    own = np.stack([X[[f"o_{o}_{s}" for s in ORDER_STATS]].to_numpy() for o in orders],
+                   axis=1)
+    rel = own - own.mean(axis=1, keepdims=True)
+
+    def pairs(rows: np.ndarray) -> np.ndarray:
+        return np.hstack([np.repeat(graph[rows], k, axis=0),
+                          own[rows].reshape(rows.size * k, -1),
+                          rel[rows].reshape(rows.size * k, -1),
+                          np.tile(np.arange(k), rows.size)[:, None]])
+
+    model = lgb.LGBMRegressor(n_estimators=400, learning_rate=0.05, min_child_samples=20,
+                              subsample=0.8, subsample_freq=1, colsample_bytree=0.8,
+                              verbose=-1, n_jobs=1)
+    model.fit(pairs(train), log_ratio[train].reshape(-1),
+              categorical_feature=[graph.shape[1] + 2 * len(ORDER_STATS)])
+    return np.expm1(np.maximum(model.predict(pairs(held_out)).reshape(-1, k), 0))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--data", default="bundled:greedy")
     ap.add_argument("--folds", type=int, default=10)
     ap.add_argument("--params", default="{}", help="OrderPredictor parameters (JSON)")
     ap.add_argument("--no-inner", action="store_true", help="fixed tolerances only")
+    ap.add_argument("--pooled", action="store_true",
+                    help="also one regressor over (row, order) pairs")
     args = ap.parse_args()
     params = json.loads(args.params)
     frame = read_sources([args.data])
@@ -68,6 +97,7 @@ def main() -> None:
     fold = family_folds(data.family, args.folds)
     n, k = T.shape
     predicted, safety, scen_safety = np.zeros((n, k)), np.zeros((n, k)), np.zeros((n, k))
+    pooled = np.zeros((n, k))
     inner: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
     fit_params = {**params, "tie_tolerance": 0.0}
     for f in np.unique(fold):
@@ -77,6 +107,9 @@ def main() -> None:
         predicted[held_out] = model.expected_regret(data.X.iloc[held_out])
         safety[held_out] = model.mean_regret_
         scen_safety[held_out] = _scenario_safety(regret, scenario, train, held_out)
+        if args.pooled:
+            pooled[held_out] = _pooled_regret(data.X, data.orders, np.log1p(regret), train,
+                                              held_out)
         if not args.no_inner:
             sub = family_folds(data.family[train], INNER)
             pred, safe, scen = np.zeros((train.size, k)), np.zeros((train.size, k)), \
@@ -96,6 +129,8 @@ def main() -> None:
         name = "inf" if np.isinf(t) else f"{t:g}"
         rankings[f"tol{name}"] = tie_ranking(predicted, safety, t)
         rankings[f"scen-tol{name}"] = tie_ranking(predicted, scen_safety, t)
+    if args.pooled:
+        rankings["pooled-tol0.02"] = tie_ranking(pooled, safety, 0.02)
     for label, per_scenario, families_first in (
             ("gate-cv", False, False), ("scen-gate-cv", True, False),
             ("gate-cv-families", False, True), ("scen-gate-cv-families", True, True)):
@@ -138,10 +173,11 @@ def main() -> None:
               f"{int(r.families_worse)} |")
     b = ev.breakdown.xs("all", level="cluster")["mean_regret"].unstack("scenario")
     print("| method | " + " | ".join(b.columns) + " |")
-    shown = ["tol0.02", "gate-cv", "scen-gate-cv", "best-fixed", "best-fixed-per-scenario"]
+    shown = ["tol0.02", "pooled-tol0.02", "gate-cv", "scen-gate-cv", "best-fixed",
+             "best-fixed-per-scenario"]
     for m, r in b.loc[[m for m in shown if m in b.index]].iterrows():
         print(f"| {m} | " + " | ".join(f"{100 * v:.2f}%" for v in r) + " |")
-    for m in ("tol0.02", "gate-cv"):
+    for m in ("tol0.02", "pooled-tol0.02", "gate-cv"):
         if m in rankings:
             fam = ev.families.loc[m]
             worse = fam[fam["worse"]]
