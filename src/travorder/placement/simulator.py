@@ -356,17 +356,17 @@ def _ev_insert(ht, hk, size, t, k):
 
 
 @njit(cache=True)
-def _places(place, node_at, n_dev):
-    """The device of each rank, and where each device's slice of a per-node queue begins."""
+def _places(place, node_at, n_dev, pl):
+    """The device of each rank into ``pl`` (32 bits: small, as it is read at random), and
+    where each device's slice of a per-node queue begins."""
     n = node_at.size
-    pl = np.empty(n, dtype=np.uint32)  # small, as it is read at random
     base = np.zeros(n_dev + 1, dtype=np.int64)
     for r in range(n):
         pl[r] = place[node_at[r]]
         base[pl[r] + 1] += 1
     for d in range(n_dev):
         base[d + 1] += base[d]
-    return pl, base
+    return base
 
 
 @njit(cache=True)
@@ -382,7 +382,44 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
               param_mem, obytes, bw, lat, model, busy_after):
     """travorder's semantics, in rank space (node ``node_at[r]`` is rank ``r``): returns
     the step time, start and finish per rank, busy time and peak memory per device, bytes
-    moved, the number of transfers and, if ``record``, the transfers.
+    moved, the number of transfers and, if ``record``, the transfers."""
+    ws = _workspace(node_at.size, odst.size, bw.shape[0], record)
+    step, start, cost, busy, peak, moved, n_copies = _run(
+        ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
+        param_mem, obytes, bw, lat, model, busy_after)
+    k = n_copies if record else 0
+    copy_dev, copy_bytes, copy_start, tr_node, tr_end = ws[12], ws[14], ws[16], ws[18], ws[19]
+    # an op's finish is the time of its FINISH event, start + cost
+    return (step, start, start + cost, busy, peak, moved,
+            n_copies, tr_node[:k], copy_start[:k], tr_end[:k], copy_bytes[:k],
+            copy_dev[:k], np.arange(k))
+
+
+@njit(cache=True)
+def _workspace(n, m, n_dev, record):
+    """The per-op and per-edge arrays of `_run`, allocated once for a batch of runs (a
+    fresh allocation of this size per run comes from the kernel, page by page)."""
+    cap = max(m, 1)
+    ev_cap = 3 * n + m + n_dev + 1
+    rec = cap if record else 0
+    return (np.empty(n, dtype=np.uint32), np.empty(n), np.empty(n),  # pl, cost, start
+            np.empty(n), np.empty(n, dtype=np.uint32),  # at, av
+            np.empty(n), np.empty(n, dtype=np.uint32),  # ft, fv
+            np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32),  # waiting, uses_left
+            np.empty(n),  # ready
+            np.empty(ev_cap), np.empty(ev_cap, dtype=np.int64),  # ht, hk
+            np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.uint32),  # copy_dev, _of
+            np.empty(cap), np.empty(cap, dtype=np.int64),  # copy_bytes, copy_left
+            np.empty(cap), np.empty(cap, dtype=np.int64),  # copy_start, next_copy
+            np.empty(rec, dtype=np.int64), np.empty(rec))  # tr_node, tr_end
+
+
+@njit(cache=True)
+def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
+         param_mem, obytes, bw, lat, model, busy_after):
+    """`_simulate` in the arrays ``ws`` of `_workspace`: returns the step time, start and
+    cost per rank, busy time and peak memory per device, bytes moved and the number of
+    transfers (recorded in ``ws`` if ``record``).
 
     Each device's ready ops, in (ready time, rank) order, are in two queues in its slice
     ``base[d]:base[d+1]``: ops ready as soon as they are found ready (their last input
@@ -391,50 +428,35 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     go on a binary min-heap (``ft``/``fv``, ``f_size``). A device's first op is the
     smaller of the two heads. (One heap for all would cost a sift through all of a wide
     layer per op.)"""
+    (pl, cost, start, at, av, ft, fv, waiting, uses_left, ready, ht, hk, copy_dev, copy_of,
+     copy_bytes, copy_left, copy_start, next_copy, tr_node, tr_end) = ws
     n = node_at.size
     n_dev = bw.shape[0]
-    m = odst.size
-    pl, base = _places(place, node_at, n_dev)
+    base = _places(place, node_at, n_dev, pl)
     mem = _param_memory(pl, param_mem, n_dev)
     peak = mem.copy()
-    cost = np.empty(n)  # read at random later: 8 bytes per op rather than a row of times
-    for r in range(n):
+    for r in range(n):  # read at random later: 8 bytes per op rather than a row of times
         cost[r] = times[r, pl[r]]
 
-    at = np.empty(n)
-    av = np.empty(n, dtype=np.uint32)
     a_head = base[:n_dev].copy()
     a_tail = base[:n_dev].copy()
-    ft = np.empty(n)
-    fv = np.empty(n, dtype=np.uint32)
     f_size = np.zeros(n_dev, dtype=np.int64)
-    waiting = np.empty(n, dtype=np.int32)
-    uses_left = np.empty(n, dtype=np.int32)
     for r in range(n):
         waiting[r] = iptr[r + 1] - iptr[r]
         uses_left[r] = optr[r + 1] - optr[r]
-    ready = np.zeros(n)
-    start = np.zeros(n)
+        ready[r] = 0.0
+        start[r] = 0.0
     running = np.zeros(n_dev, dtype=np.bool_)
     free_at = np.zeros(n_dev)
     busy = np.zeros(n_dev)
     qfree = np.zeros((n_dev, n_dev))  # queue free times: bus/channel row 0, link per pair
 
-    # received copies: device, bytes, consumers left; per out-edge, the copy it reads
-    cap = max(m, 1)
-    copy_of = np.empty(cap, dtype=np.uint32)
-    copy_dev = np.empty(cap, dtype=np.int64)
-    copy_bytes = np.empty(cap)
-    copy_left = np.empty(cap, dtype=np.int64)
-    # Transfers between one pair of devices start in the order they are granted (they
-    # share the sender's queue, or the pair's link), so the event list holds only the
-    # next transfer of each pair; the others wait in a per-pair list (next_copy).
-    copy_start = np.empty(cap)
-    next_copy = np.empty(cap, dtype=np.int64)
+    # received copies (copy_*): device, bytes, consumers left; per out-edge, the copy it
+    # reads (copy_of). Transfers between one pair of devices start in the order they are
+    # granted (they share the sender's queue, or the pair's link), so the event list
+    # holds only the next transfer of each pair; the others wait in a per-pair list
+    # (next_copy).
     pair_tail = np.full(n_dev * n_dev, -1, dtype=np.int64)
-    rec = cap if record else 0
-    tr_node = np.empty(rec, dtype=np.int64)
-    tr_end = np.empty(rec)
     n_copies = 0
     moved = 0.0
     max_b = np.empty(n_dev)
@@ -443,9 +465,6 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     copy_id = np.empty(n_dev, dtype=np.uint32)
 
     # events (time, kind << KIND_SHIFT | id), the next one last (`_ev_insert`)
-    ev_cap = 3 * n + m + n_dev + 1
-    ht = np.empty(ev_cap)
-    hk = np.empty(ev_cap, dtype=np.int64)
     n_ev = 0
 
     for r in range(n):
@@ -612,11 +631,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         if mem[d] > peak[d]:
             peak[d] = mem[d]
         n_ev = _ev_insert(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
-    k = n_copies if record else 0
-    # an op's finish is the time of its FINISH event, start + cost
-    return (step, start, start + cost, busy, peak, moved,
-            n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
-            copy_dev[:k].copy(), np.arange(k))
+    return step, start, cost, busy, peak, moved, n_copies
 
 
 @njit(cache=True, inline="always")
@@ -679,7 +694,8 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
     n = node_at.size
     n_dev = bus_bw.size
     m = odst.size
-    pl, base = _places(place, node_at, n_dev)
+    pl = np.empty(n, dtype=np.uint32)
+    base = _places(place, node_at, n_dev, pl)
     mem = _param_memory(pl, param_mem, n_dev)
     peak = mem.copy()
 
@@ -853,8 +869,9 @@ def _batch(places, capacity, *args):  # pragma: no cover - compiled
     """Step time, feasibility and overflow of each row of ``places`` under `_simulate`
     (its own arguments in ``args``)."""
     steps, feasible, overflow = _batch_arrays(places.shape[0])
+    ws = _workspace(places.shape[1], args[3].size, args[0].shape[1], False)
     for i in range(places.shape[0]):
-        _batch_row(_simulate(places[i], False, *args), capacity, i, steps, feasible, overflow)
+        _batch_row(_run(ws, places[i], False, *args), capacity, i, steps, feasible, overflow)
     return steps, feasible, overflow
 
 
