@@ -44,6 +44,7 @@ P_FINISH, P_ARRIVE, P_BUS, P_DEVICE = 0, 1, 2, 3
 # An event's key packs its kind above its id, so that keys order by kind, then id.
 KIND_SHIFT = 56
 ID_MASK = (1 << KIND_SHIFT) - 1
+_U1 = np.uint64(1)  # for unsigned index arithmetic in the core (mixed with int64: float)
 
 
 @dataclass(frozen=True, eq=False)
@@ -637,16 +638,17 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
 @njit(cache=True, inline="always")
 def _rq_push(rq_t, rq_v, base, size, t, v):
     """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
-    _rq_rise(rq_t, rq_v, base, size, t, v)
+    _rq_rise(rq_t, rq_v, np.uint64(base), np.uint64(size), t, v)
     return size + 1
 
 
 @njit(cache=True, inline="always")
 def _rq_rise(rq_t, rq_v, base, i, t, v):
     """Put op v, ready at t, into the hole at position i of a device's ready heap, moving
-    the later parents down into it."""
+    the later parents down into it. (Heap positions are unsigned: numba checks a signed
+    index for a negative value at every access.)"""
     while i > 0:
-        p = (i - 1) >> 1
+        p = (i - _U1) >> _U1
         pt = rq_t[base + p]
         if pt < t or (pt == t and rq_v[base + p] < v):
             break
@@ -665,19 +667,21 @@ def _rq_pop(rq_t, rq_v, base, size):
     children, chosen without a branch (a sift that compares at every level mispredicts
     about every other level), and the heap's last op rises into it from there."""
     size -= 1
-    t = rq_t[base + size]
-    v = rq_v[base + size]
-    i = 0
-    c = 1
-    while c < size:
-        if c + 1 < size:
+    base = np.uint64(base)
+    last = np.uint64(size)
+    t = rq_t[base + last]
+    v = rq_v[base + last]
+    i = np.uint64(0)
+    c = _U1
+    while c < last:
+        if c + _U1 < last:
             ct = rq_t[base + c]
-            nt = rq_t[base + c + 1]
-            c += (nt < ct) | ((nt == ct) & (rq_v[base + c + 1] < rq_v[base + c]))
+            nt = rq_t[base + c + _U1]
+            c += np.uint64((nt < ct) | ((nt == ct) & (rq_v[base + c + _U1] < rq_v[base + c])))
         rq_t[base + i] = rq_t[base + c]
         rq_v[base + i] = rq_v[base + c]
         i = c
-        c = 2 * i + 1
+        c = i + i + _U1
     _rq_rise(rq_t, rq_v, base, i, t, v)
     return size
 
