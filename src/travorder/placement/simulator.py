@@ -25,7 +25,10 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
@@ -301,6 +304,25 @@ def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.
         if t + last[v] > longest:
             longest = t + last[v]
     return longest
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):  # pragma: no cover - compiled
+    """Ask the cache for ``arr[idx]`` ahead of its use (a hint: no effect on results)."""
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                       wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # read, keep
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen
 
 
 @njit(cache=True, inline="always")
@@ -626,6 +648,12 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
         else:
             continue
         running[d] = True
+        # r's edges are read when it finishes, a few events later: fetch them meanwhile
+        _prefetch(isrc, iptr[r])
+        _prefetch(iout, iptr[r])
+        _prefetch(odst, optr[r])
+        _prefetch(obytes, optr[r])
+        _prefetch(copy_of, optr[r])
         start[r] = t
         busy[d] += cost[r]
         mem[d] += out_bytes[r]
