@@ -464,6 +464,7 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
     a_head = base[:n_dev].copy()
     a_tail = base[:n_dev].copy()
     f_size = np.zeros(n_dev, dtype=np.int64)
+    fk = ft.view(np.uint64)  # the heap's times as bits (`_rq_rise`)
     for r in range(n):
         waiting[r] = iptr[r + 1] - iptr[r]
         uses_left[r] = optr[r + 1] - optr[r]
@@ -614,7 +615,7 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
                         first = i == h and (f_size[x] == 0 or rt < ft[b]
                                             or (rt == ft[b] and u < fv[b]))
                     else:
-                        f_size[x] = _rq_push(ft, fv, b, f_size[x], rt, u)
+                        f_size[x] = _rq_push(ft, fk, fv, b, f_size[x], rt, u)
                         first = fv[b] == u and (h == a_tail[x] or rt < at[h]
                                                 or (rt == at[h] and u < av[h]))
                     if first and x != d and not running[x]:
@@ -644,7 +645,7 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
                 n_ev = _ev_insert(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
                 continue
             r = fv[b]
-            f_size[d] = _rq_pop(ft, fv, b, f_size[d])
+            f_size[d] = _rq_pop(fk, fv, b, f_size[d])
         else:
             continue
         running[d] = True
@@ -664,31 +665,38 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
 
 
 @njit(cache=True, inline="always")
-def _rq_push(rq_t, rq_v, base, size, t, v):
+def _rq_push(rq_t, rq_k, rq_v, base, size, t, v):
     """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
-    _rq_rise(rq_t, rq_v, np.uint64(base), np.uint64(size), t, v)
+    base = np.uint64(base)
+    i = np.uint64(size)
+    rq_t[base + i] = t  # t's bits, as rq_k reads them
+    _rq_rise(rq_k, rq_v, base, i, rq_k[base + i], v)
     return size + 1
 
 
 @njit(cache=True, inline="always")
-def _rq_rise(rq_t, rq_v, base, i, t, v):
-    """Put op v, ready at t, into the hole at position i of a device's ready heap, moving
-    the later parents down into it. (Heap positions are unsigned: numba checks a signed
-    index for a negative value at every access.)"""
+def _rq_rise(rq_k, rq_v, base, i, k, v):
+    """Put op v, ready at the time of bits k, into the hole at position i of a device's
+    ready heap, moving the later parents down into it.
+
+    The heap compares the times' bits (``rq_k``, a view of the times as unsigned
+    integers), which order as the times do, as none is negative (not even -0.0): an
+    integer comparison costs less than a floating-point one. Positions are unsigned:
+    numba checks a signed index for a negative value at every access."""
     while i > 0:
         p = (i - _U1) >> _U1
-        pt = rq_t[base + p]
-        if pt < t or (pt == t and rq_v[base + p] < v):
+        pk = rq_k[base + p]
+        if pk < k or (pk == k and rq_v[base + p] < v):
             break
-        rq_t[base + i] = pt
+        rq_k[base + i] = pk
         rq_v[base + i] = rq_v[base + p]
         i = p
-    rq_t[base + i] = t
+    rq_k[base + i] = k
     rq_v[base + i] = v
 
 
 @njit(cache=True, inline="always")
-def _rq_pop(rq_t, rq_v, base, size):
+def _rq_pop(rq_k, rq_v, base, size):
     """Remove the first op of a device's ready heap; returns the new size.
 
     Bottom-up (Floyd): the hole left at the root goes down to a leaf along the smaller
@@ -697,20 +705,20 @@ def _rq_pop(rq_t, rq_v, base, size):
     size -= 1
     base = np.uint64(base)
     last = np.uint64(size)
-    t = rq_t[base + last]
+    k = rq_k[base + last]
     v = rq_v[base + last]
     i = np.uint64(0)
     c = _U1
     while c < last:
         if c + _U1 < last:
-            ct = rq_t[base + c]
-            nt = rq_t[base + c + _U1]
-            c += np.uint64((nt < ct) | ((nt == ct) & (rq_v[base + c + _U1] < rq_v[base + c])))
-        rq_t[base + i] = rq_t[base + c]
+            ck = rq_k[base + c]
+            nk = rq_k[base + c + _U1]
+            c += np.uint64((nk < ck) | ((nk == ck) & (rq_v[base + c + _U1] < rq_v[base + c])))
+        rq_k[base + i] = rq_k[base + c]
         rq_v[base + i] = rq_v[base + c]
         i = c
         c = i + i + _U1
-    _rq_rise(rq_t, rq_v, base, i, t, v)
+    _rq_rise(rq_k, rq_v, base, i, k, v)
     return size
 
 
