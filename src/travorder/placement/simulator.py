@@ -456,20 +456,21 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
     n = node_at.size
     n_dev = bw.shape[0]
     base = _places(place, node_at, n_dev, pl)
-    mem = _param_memory(pl, param_mem, n_dev)
+    mem = np.zeros(n_dev)
+    for r in range(n):
+        d = pl[r]
+        mem[d] += param_mem[r]
+        cost[r] = times[r, d]  # read at random later: 8 bytes per op, not a row of times
+        waiting[r] = iptr[r + 1] - iptr[r]
+        uses_left[r] = optr[r + 1] - optr[r]
+        ready[r] = 0.0
+        start[r] = 0.0
     peak = mem.copy()
-    for r in range(n):  # read at random later: 8 bytes per op rather than a row of times
-        cost[r] = times[r, pl[r]]
 
     a_head = base[:n_dev].copy()
     a_tail = base[:n_dev].copy()
     f_size = np.zeros(n_dev, dtype=np.int64)
     fk = ft.view(np.uint64)  # the heap's times as bits (`_rq_rise`)
-    for r in range(n):
-        waiting[r] = iptr[r + 1] - iptr[r]
-        uses_left[r] = optr[r + 1] - optr[r]
-        ready[r] = 0.0
-        start[r] = 0.0
     running = np.zeros(n_dev, dtype=np.bool_)
     free_at = np.zeros(n_dev)
     busy = np.zeros(n_dev)
@@ -491,12 +492,13 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
     # events (time, kind << KIND_SHIFT | id), the next one last (`_ev_insert`)
     n_ev = 0
 
-    for r in range(n):
-        if waiting[r] == 0:
-            d = pl[r]
-            at[a_tail[d]] = 0.0
-            av[a_tail[d]] = r
-            a_tail[d] += 1
+    r = 0
+    while r < n and waiting[r] == 0:  # the sources: the first ranks (level 0)
+        d = pl[r]
+        at[a_tail[d]] = 0.0
+        av[a_tail[d]] = r
+        a_tail[d] += 1
+        r += 1
     for d in range(n_dev):
         if a_tail[d] > a_head[d]:
             n_ev = _ev_insert(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
