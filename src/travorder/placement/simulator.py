@@ -47,7 +47,7 @@ P_FINISH, P_ARRIVE, P_BUS, P_DEVICE = 0, 1, 2, 3
 # An event's key packs its kind above its id, so that keys order by kind, then id.
 KIND_SHIFT = 56
 ID_MASK = (1 << KIND_SHIFT) - 1
-_U1 = np.uint64(1)  # for unsigned index arithmetic in the core (mixed with int64: float)
+_U1 = np.uint64(1)  # unsigned index arithmetic (numba makes uint64 with int64 a float)
 
 
 @dataclass(frozen=True, eq=False)
@@ -411,6 +411,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
         ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
         param_mem, obytes, bw, lat, model, busy_after)
     k = n_copies if record else 0
+    # (positions in `_workspace`'s tuple)
     copy_dev, copy_bytes, copy_start, tr_node, tr_end = ws[12], ws[14], ws[16], ws[18], ws[19]
     # an op's finish is the time of its FINISH event, start + cost
     return (step, start, start + cost, busy, peak, moved,
