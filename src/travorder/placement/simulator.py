@@ -25,7 +25,10 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
@@ -44,6 +47,7 @@ P_FINISH, P_ARRIVE, P_BUS, P_DEVICE = 0, 1, 2, 3
 # An event's key packs its kind above its id, so that keys order by kind, then id.
 KIND_SHIFT = 56
 ID_MASK = (1 << KIND_SHIFT) - 1
+_U1 = np.uint64(1)  # unsigned index arithmetic (numba makes uint64 with int64 a float)
 
 
 @dataclass(frozen=True, eq=False)
@@ -302,6 +306,25 @@ def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.
     return longest
 
 
+@intrinsic
+def _prefetch(typingctx, arr, idx):  # pragma: no cover - compiled
+    """Ask the cache for ``arr[idx]`` ahead of its use (a hint: no effect on results)."""
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]],
+                                       wraparound=False)
+        i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # read, keep
+        return context.get_dummy_value()
+
+    return types.void(arr, idx), codegen
+
+
 @njit(cache=True, inline="always")
 def _ev_push(ht, hk, size, t, k):
     """Push event (t, k) on the binary min-heap (ht, hk); returns the new size."""
@@ -356,17 +379,17 @@ def _ev_insert(ht, hk, size, t, k):
 
 
 @njit(cache=True)
-def _places(place, node_at, n_dev):
-    """The device of each rank, and where each device's slice of a per-node queue begins."""
+def _places(place, node_at, n_dev, pl):
+    """The device of each rank into ``pl`` (32 bits: small, as it is read at random), and
+    where each device's slice of a per-node queue begins."""
     n = node_at.size
-    pl = np.empty(n, dtype=np.uint32)  # small, as it is read at random
     base = np.zeros(n_dev + 1, dtype=np.int64)
     for r in range(n):
         pl[r] = place[node_at[r]]
         base[pl[r] + 1] += 1
     for d in range(n_dev):
         base[d + 1] += base[d]
-    return pl, base
+    return base
 
 
 @njit(cache=True)
@@ -382,7 +405,45 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
               param_mem, obytes, bw, lat, model, busy_after):
     """travorder's semantics, in rank space (node ``node_at[r]`` is rank ``r``): returns
     the step time, start and finish per rank, busy time and peak memory per device, bytes
-    moved, the number of transfers and, if ``record``, the transfers.
+    moved, the number of transfers and, if ``record``, the transfers."""
+    ws = _workspace(node_at.size, odst.size, bw.shape[0], record)
+    step, start, cost, busy, peak, moved, n_copies = _run(
+        ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
+        param_mem, obytes, bw, lat, model, busy_after)
+    k = n_copies if record else 0
+    # (positions in `_workspace`'s tuple)
+    copy_dev, copy_bytes, copy_start, tr_node, tr_end = ws[12], ws[14], ws[16], ws[18], ws[19]
+    # an op's finish is the time of its FINISH event, start + cost
+    return (step, start, start + cost, busy, peak, moved,
+            n_copies, tr_node[:k], copy_start[:k], tr_end[:k], copy_bytes[:k],
+            copy_dev[:k], np.arange(k))
+
+
+@njit(cache=True)
+def _workspace(n, m, n_dev, record):
+    """The per-op and per-edge arrays of `_run`, allocated once for a batch of runs (a
+    fresh allocation of this size per run comes from the kernel, page by page)."""
+    cap = max(m, 1)
+    ev_cap = 3 * n + m + n_dev + 1
+    rec = cap if record else 0
+    return (np.empty(n, dtype=np.uint32), np.empty(n), np.empty(n),  # pl, cost, start
+            np.empty(n), np.empty(n, dtype=np.uint32),  # at, av
+            np.empty(n), np.empty(n, dtype=np.uint32),  # ft, fv
+            np.empty(n, dtype=np.int32), np.empty(n, dtype=np.int32),  # waiting, uses_left
+            np.empty(n),  # ready
+            np.empty(ev_cap), np.empty(ev_cap, dtype=np.int64),  # ht, hk
+            np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.uint32),  # copy_dev, _of
+            np.empty(cap), np.empty(cap, dtype=np.int64),  # copy_bytes, copy_left
+            np.empty(cap), np.empty(cap, dtype=np.int64),  # copy_start, next_copy
+            np.empty(rec, dtype=np.int64), np.empty(rec))  # tr_node, tr_end
+
+
+@njit(cache=True)
+def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
+         param_mem, obytes, bw, lat, model, busy_after):
+    """`_simulate` in the arrays ``ws`` of `_workspace`: returns the step time, start and
+    cost per rank, busy time and peak memory per device, bytes moved and the number of
+    transfers (recorded in ``ws`` if ``record``).
 
     Each device's ready ops, in (ready time, rank) order, are in two queues in its slice
     ``base[d]:base[d+1]``: ops ready as soon as they are found ready (their last input
@@ -391,50 +452,37 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     go on a binary min-heap (``ft``/``fv``, ``f_size``). A device's first op is the
     smaller of the two heads. (One heap for all would cost a sift through all of a wide
     layer per op.)"""
+    (pl, cost, start, at, av, ft, fv, waiting, uses_left, ready, ht, hk, copy_dev, copy_of,
+     copy_bytes, copy_left, copy_start, next_copy, tr_node, tr_end) = ws
     n = node_at.size
     n_dev = bw.shape[0]
-    m = odst.size
-    pl, base = _places(place, node_at, n_dev)
-    mem = _param_memory(pl, param_mem, n_dev)
-    peak = mem.copy()
-    cost = np.empty(n)  # read at random later: 8 bytes per op rather than a row of times
+    base = _places(place, node_at, n_dev, pl)
+    mem = np.zeros(n_dev)
     for r in range(n):
-        cost[r] = times[r, pl[r]]
-
-    at = np.empty(n)
-    av = np.empty(n, dtype=np.uint32)
-    a_head = base[:n_dev].copy()
-    a_tail = base[:n_dev].copy()
-    ft = np.empty(n)
-    fv = np.empty(n, dtype=np.uint32)
-    f_size = np.zeros(n_dev, dtype=np.int64)
-    waiting = np.empty(n, dtype=np.int32)
-    uses_left = np.empty(n, dtype=np.int32)
-    for r in range(n):
+        d = pl[r]
+        mem[d] += param_mem[r]
+        cost[r] = times[r, d]  # read at random later: 8 bytes per op, not a row of times
         waiting[r] = iptr[r + 1] - iptr[r]
         uses_left[r] = optr[r + 1] - optr[r]
-    ready = np.zeros(n)
-    start = np.zeros(n)
+        ready[r] = 0.0
+        start[r] = 0.0
+    peak = mem.copy()
+
+    a_head = base[:n_dev].copy()
+    a_tail = base[:n_dev].copy()
+    f_size = np.zeros(n_dev, dtype=np.int64)
+    fk = ft.view(np.uint64)  # the heap's times as bits (`_rq_rise`)
     running = np.zeros(n_dev, dtype=np.bool_)
     free_at = np.zeros(n_dev)
     busy = np.zeros(n_dev)
     qfree = np.zeros((n_dev, n_dev))  # queue free times: bus/channel row 0, link per pair
 
-    # received copies: device, bytes, consumers left; per out-edge, the copy it reads
-    cap = max(m, 1)
-    copy_of = np.empty(cap, dtype=np.uint32)
-    copy_dev = np.empty(cap, dtype=np.int64)
-    copy_bytes = np.empty(cap)
-    copy_left = np.empty(cap, dtype=np.int64)
-    # Transfers between one pair of devices start in the order they are granted (they
-    # share the sender's queue, or the pair's link), so the event list holds only the
-    # next transfer of each pair; the others wait in a per-pair list (next_copy).
-    copy_start = np.empty(cap)
-    next_copy = np.empty(cap, dtype=np.int64)
+    # received copies (copy_*): device, bytes, consumers left; per out-edge, the copy it
+    # reads (copy_of). Transfers between one pair of devices start in the order they are
+    # granted (they share the sender's queue, or the pair's link), so the event list
+    # holds only the next transfer of each pair; the others wait in a per-pair list
+    # (next_copy).
     pair_tail = np.full(n_dev * n_dev, -1, dtype=np.int64)
-    rec = cap if record else 0
-    tr_node = np.empty(rec, dtype=np.int64)
-    tr_end = np.empty(rec)
     n_copies = 0
     moved = 0.0
     max_b = np.empty(n_dev)
@@ -443,17 +491,15 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     copy_id = np.empty(n_dev, dtype=np.uint32)
 
     # events (time, kind << KIND_SHIFT | id), the next one last (`_ev_insert`)
-    ev_cap = 3 * n + m + n_dev + 1
-    ht = np.empty(ev_cap)
-    hk = np.empty(ev_cap, dtype=np.int64)
     n_ev = 0
 
-    for r in range(n):
-        if waiting[r] == 0:
-            d = pl[r]
-            at[a_tail[d]] = 0.0
-            av[a_tail[d]] = r
-            a_tail[d] += 1
+    r = 0
+    while r < n and waiting[r] == 0:  # the sources: the first ranks (level 0)
+        d = pl[r]
+        at[a_tail[d]] = 0.0
+        av[a_tail[d]] = r
+        a_tail[d] += 1
+        r += 1
     for d in range(n_dev):
         if a_tail[d] > a_head[d]:
             n_ev = _ev_insert(ht, hk, n_ev, 0.0, (DISPATCH << KIND_SHIFT) + d)
@@ -572,7 +618,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                         first = i == h and (f_size[x] == 0 or rt < ft[b]
                                             or (rt == ft[b] and u < fv[b]))
                     else:
-                        f_size[x] = _rq_push(ft, fv, b, f_size[x], rt, u)
+                        f_size[x] = _rq_push(ft, fk, fv, b, f_size[x], rt, u)
                         first = fv[b] == u and (h == a_tail[x] or rt < at[h]
                                                 or (rt == at[h] and u < av[h]))
                     if first and x != d and not running[x]:
@@ -602,68 +648,80 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
                 n_ev = _ev_insert(ht, hk, n_ev, ft[b], (DISPATCH << KIND_SHIFT) + d)
                 continue
             r = fv[b]
-            f_size[d] = _rq_pop(ft, fv, b, f_size[d])
+            f_size[d] = _rq_pop(fk, fv, b, f_size[d])
         else:
             continue
         running[d] = True
+        # r's edges are read when it finishes, a few events later: fetch them meanwhile
+        _prefetch(isrc, iptr[r])
+        _prefetch(iout, iptr[r])
+        _prefetch(odst, optr[r])
+        _prefetch(obytes, optr[r])
+        _prefetch(copy_of, optr[r])
         start[r] = t
         busy[d] += cost[r]
         mem[d] += out_bytes[r]
         if mem[d] > peak[d]:
             peak[d] = mem[d]
         n_ev = _ev_insert(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
-    k = n_copies if record else 0
-    # an op's finish is the time of its FINISH event, start + cost
-    return (step, start, start + cost, busy, peak, moved,
-            n_copies, tr_node[:k], copy_start[:k].copy(), tr_end[:k], copy_bytes[:k].copy(),
-            copy_dev[:k].copy(), np.arange(k))
+    return step, start, cost, busy, peak, moved, n_copies
 
 
 @njit(cache=True, inline="always")
-def _rq_push(rq_t, rq_v, base, size, t, v):
+def _rq_push(rq_t, rq_k, rq_v, base, size, t, v):
     """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
-    _rq_rise(rq_t, rq_v, base, size, t, v)
+    base = np.uint64(base)
+    i = np.uint64(size)
+    rq_t[base + i] = t  # t's bits, as rq_k reads them
+    _rq_rise(rq_k, rq_v, base, i, rq_k[base + i], v)
     return size + 1
 
 
 @njit(cache=True, inline="always")
-def _rq_rise(rq_t, rq_v, base, i, t, v):
-    """Put op v, ready at t, into the hole at position i of a device's ready heap, moving
-    the later parents down into it."""
+def _rq_rise(rq_k, rq_v, base, i, k, v):
+    """Put op v, ready at the time of bits k, into the hole at position i of a device's
+    ready heap, moving the later parents down into it.
+
+    The heap compares the times' bits (``rq_k``, a view of the times as unsigned
+    integers), which order as the times do, as none is negative (not even -0.0): an
+    integer comparison costs less than a floating-point one. Positions are unsigned:
+    numba checks a signed index for a negative value at every access."""
     while i > 0:
-        p = (i - 1) >> 1
-        pt = rq_t[base + p]
-        if pt < t or (pt == t and rq_v[base + p] < v):
+        p = (i - _U1) >> _U1
+        pk = rq_k[base + p]
+        if pk < k or (pk == k and rq_v[base + p] < v):
             break
-        rq_t[base + i] = pt
+        rq_k[base + i] = pk
         rq_v[base + i] = rq_v[base + p]
         i = p
-    rq_t[base + i] = t
+    rq_k[base + i] = k
     rq_v[base + i] = v
 
 
 @njit(cache=True, inline="always")
-def _rq_pop(rq_t, rq_v, base, size):
+def _rq_pop(rq_k, rq_v, base, size):
     """Remove the first op of a device's ready heap; returns the new size.
 
     Bottom-up (Floyd): the hole left at the root goes down to a leaf along the smaller
     children, chosen without a branch (a sift that compares at every level mispredicts
     about every other level), and the heap's last op rises into it from there."""
     size -= 1
-    t = rq_t[base + size]
-    v = rq_v[base + size]
-    i = 0
-    c = 1
-    while c < size:
-        if c + 1 < size:
-            ct = rq_t[base + c]
-            nt = rq_t[base + c + 1]
-            c += (nt < ct) | ((nt == ct) & (rq_v[base + c + 1] < rq_v[base + c]))
-        rq_t[base + i] = rq_t[base + c]
+    base = np.uint64(base)
+    last = np.uint64(size)
+    k = rq_k[base + last]
+    v = rq_v[base + last]
+    i = np.uint64(0)
+    c = _U1
+    while c < last:
+        if c + _U1 < last:
+            ck = rq_k[base + c]
+            nk = rq_k[base + c + _U1]
+            c += np.uint64((nk < ck) | ((nk == ck) & (rq_v[base + c + _U1] < rq_v[base + c])))
+        rq_k[base + i] = rq_k[base + c]
         rq_v[base + i] = rq_v[base + c]
         i = c
-        c = 2 * i + 1
-    _rq_rise(rq_t, rq_v, base, i, t, v)
+        c = i + i + _U1
+    _rq_rise(rq_k, rq_v, base, i, k, v)
     return size
 
 
@@ -679,7 +737,8 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
     n = node_at.size
     n_dev = bus_bw.size
     m = odst.size
-    pl, base = _places(place, node_at, n_dev)
+    pl = np.empty(n, dtype=np.uint32)
+    base = _places(place, node_at, n_dev, pl)
     mem = _param_memory(pl, param_mem, n_dev)
     peak = mem.copy()
 
@@ -853,8 +912,9 @@ def _batch(places, capacity, *args):  # pragma: no cover - compiled
     """Step time, feasibility and overflow of each row of ``places`` under `_simulate`
     (its own arguments in ``args``)."""
     steps, feasible, overflow = _batch_arrays(places.shape[0])
+    ws = _workspace(places.shape[1], args[3].size, args[0].shape[1], False)
     for i in range(places.shape[0]):
-        _batch_row(_simulate(places[i], False, *args), capacity, i, steps, feasible, overflow)
+        _batch_row(_run(ws, places[i], False, *args), capacity, i, steps, feasible, overflow)
     return steps, feasible, overflow
 
 
