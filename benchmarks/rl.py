@@ -50,6 +50,7 @@ from travorder.graph.pipeline import pipeline_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import place_graph
+from travorder.placement.rl import trainer
 from travorder.placement.rl.trainer import ENGINES, PRESETS, RLConfig, train
 from travorder.study.scenarios import Scenario
 
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory", type=float, help="device memory, times the single-device peak")
     ap.add_argument("--micro-batches", type=int, default=1, help="pipeline the graph")
+    ap.add_argument("--network", choices=getattr(trainer, "NETWORKS", None),
+                    help="where the policy's network and update run (default: numpy)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--against", help="another source tree to compare with, side by side")
     ap.add_argument("--pairs", type=int, default=3, help="alternations with --against")
@@ -85,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     options = {} if args.episodes is None else {"episodes": args.episodes}
     config = RLConfig.from_options(args.preset, **options)
     engines = ENGINES if args.engine == "both" else (args.engine,)
+    network = {} if args.network is None else {"network": args.network}
     single = place_graph(graph, cluster, "single").step_time_us
     print(f"{args.family} training graph: {graph.n_nodes} nodes, {graph.n_edges} edges, "
           f"{args.micro_batches} micro-batch(es); {cluster.name}, memory "
@@ -95,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                      "preset": args.preset, "episodes": config.episodes,
                      "single_step_time_us": single, "engines": {}}
     for engine in engines:
-        train(graph, cluster, order, args.seed, RLConfig(episodes=1), engine=engine)
+        train(graph, cluster, order, args.seed, RLConfig(episodes=1), engine=engine, **network)
         best = None
         for _ in range(args.repeat):
             cpu0 = time.process_time()
-            run = train(graph, cluster, order, args.seed, config, engine=engine)
+            run = train(graph, cluster, order, args.seed, config, engine=engine, **network)
             cpu = time.process_time() - cpu0
             if best is None or cpu < best[0]:
                 best = (cpu, run)

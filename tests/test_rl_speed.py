@@ -138,3 +138,76 @@ def test_a_reset_to_the_same_placement_reuses_its_start_times(
     assert len(calls) == 2
     r = run(moved["placement"])
     assert np.array_equal(moved["start"], r.start_us / r.step_time_us)
+
+
+def _decisions(pg, seed: int, dtype):
+    """Random episode features and decisions on half the nodes of ``pg``."""
+    rng = np.random.default_rng(seed)
+    n = pg.n_nodes
+    from travorder.placement.rl.policy import static_features
+
+    x = static_features(pg, rng.integers(0, 3, n), rng.random(n), 3).astype(dtype)
+    nodes = rng.permutation(n)[:n // 2]
+    contexts = rng.random((nodes.size, 42)).astype(dtype)
+    masks = rng.random((nodes.size, 3)) < 0.7
+    masks[np.arange(nodes.size), rng.integers(0, 3, nodes.size)] = True
+    actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks])
+    advantage = rng.normal(size=nodes.size).astype(dtype)
+    return x, nodes, contexts, masks, actions, advantage
+
+
+def test_the_numpy_network_has_torchs_gradient() -> None:
+    from travorder.placement.rl.network import NumpyNetwork
+    from travorder.placement.rl.policy import PlacementPolicy, PolicyGraph
+    from travorder.placement.rl.trainer import TorchNetwork
+
+    pg = PolicyGraph(GRAPH, GRAPH.flops.astype(float))
+    pg.descendants = pg.descendants.double()  # float64 throughout: no rounding noise
+    torch.manual_seed(0)
+    policy = PlacementPolicy(3).double()
+    net = NumpyNetwork(policy, lr=1e-3, grad_clip=1.25)
+    x, nodes, contexts, masks, actions, advantage = _decisions(pg, 0, np.float64)
+    t = net.node_table(x, pg)
+    ref = TorchNetwork(policy, lr=1e-3, grad_clip=1.25)
+    table = ref.node_table(x, pg, grad=True)
+    assert np.allclose(t.table, table.detach().numpy(), rtol=1e-12, atol=1e-12)
+    loss = net.gradient(t, pg, nodes, contexts, masks, actions, advantage, 0.01)
+    ref.optimizer.zero_grad()
+    ref_loss = ref.loss(table, nodes, contexts, masks, actions, advantage, 0.01)
+    ref_loss.backward()
+    assert loss == pytest.approx(ref_loss.detach().item(), rel=1e-12)
+    assert np.allclose(net.grad, ref.optimizer.grad.numpy(), rtol=1e-9, atol=1e-14)
+    assert np.abs(net.grad).max() > 1e-4  # every part of the network gets a gradient
+    for name, grad in net.g.items():
+        assert np.abs(grad).max() > 0, name
+
+
+def test_a_numpy_update_is_torchs_to_float_rounding() -> None:
+    from travorder.placement.rl.network import NumpyNetwork
+    from travorder.placement.rl.policy import PlacementPolicy, PolicyGraph
+    from travorder.placement.rl.trainer import TorchNetwork
+
+    pg = PolicyGraph(GRAPH, GRAPH.flops.astype(float))
+    torch.manual_seed(1)
+    policy = PlacementPolicy(3)
+    net = NumpyNetwork(policy, lr=1e-3, grad_clip=0.05)  # the clipping matters
+    ref = TorchNetwork(policy, lr=1e-3, grad_clip=0.05)
+    before = net.flat.copy()
+    for seed in range(3):
+        x, *decisions = _decisions(pg, seed, np.float32)
+        net.update(net.node_table(x, pg), pg, *decisions, 0.01)
+        ref.update(ref.node_table(x, pg, grad=True), pg, *decisions, 0.01)
+    after = ref.optimizer.flat.numpy()
+    assert not np.allclose(after, before)
+    # Adam moves each weight by about lr per step: float rounding moves it far less
+    assert np.abs(net.flat - after).max() < 1e-5
+
+
+def test_both_networks_train_alike_and_a_bad_one_is_refused() -> None:
+    c, order = load_cluster("k80x3"), traversal_order(GRAPH, "topo_lifo")
+    runs = [train(GRAPH, c, order, 0, RLConfig(episodes=6, eval_every=3), network=network)
+            for network in ("numpy", "torch")]
+    assert runs[0].curve[0] == runs[1].curve[0]  # the same initial weights and draws
+    assert runs[0].best_curve[-1] == pytest.approx(runs[1].best_curve[-1], rel=0.05)
+    with pytest.raises(TravorderError, match="unknown network"):
+        train(GRAPH, c, order, network="jax")

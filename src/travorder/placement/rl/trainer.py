@@ -13,7 +13,13 @@ before the first), with the gradient norm clipped to ``grad_clip``.
 
 A run is deterministic for a given seed on CPU: the policy's initial weights come from
 ``torch.manual_seed(seed)`` (the caller's torch random state is left as it was), the
-sampling from ``numpy.random.default_rng(seed)``, and torch runs single-threaded.
+sampling from ``numpy.random.default_rng(seed)``, and torch and numpy's BLAS run on
+``threads`` threads (one).
+
+The graph network, the loss's gradient and the Adam step run in numpy with hand-derived
+gradients (`NumpyNetwork`) or, with ``network="torch"``, in torch with autograd and
+`FlatAdam` (the reference; the ``sage`` encoder always runs there). The two agree to
+float rounding, so a run's result for a given seed may differ between them.
 """
 
 from __future__ import annotations
@@ -28,12 +34,14 @@ from typing import Any
 import numpy as np
 import torch
 from numba import njit
+from threadpoolctl import threadpool_limits
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.rl.env import MEMORY_MODES, PlacementEnv
 from travorder.placement.rl.episode import Episode, play_episode
+from travorder.placement.rl.network import NumpyNetwork
 from travorder.placement.rl.policy import (
     EpisodeHead,
     PlacementPolicy,
@@ -61,7 +69,7 @@ class RLConfig:
     how many recent training episodes the per-step baseline averages; ``gamma``: discount
     of the returns; ``encoder``: ``"placeto"`` or ``"sage"``; ``dim`` / ``hidden``:
     widths of the graph network and of the head; ``memory`` / ``memory_penalty`` /
-    ``colocate``: see `PlacementEnv`; ``threads``: torch threads during the run.
+    ``colocate``: see `PlacementEnv`; ``threads``: torch and BLAS threads during the run.
     """
 
     episodes: int = 50
@@ -262,6 +270,44 @@ class FlatAdam:
         self.flat.addcdiv_(self.exp_avg, denom, value=-step_size)
 
 
+class TorchNetwork:
+    """The policy in torch, trained with autograd and `FlatAdam`: the reference for
+    `NumpyNetwork`, with the same methods."""
+
+    def __init__(self, policy: PlacementPolicy, lr: float, grad_clip: float) -> None:
+        self.policy = policy
+        self.optimizer = FlatAdam(policy, lr, grad_clip)
+
+    def node_table(self, x: np.ndarray, pg: PolicyGraph, grad: bool) -> torch.Tensor:
+        """The episode table of the features ``x``, with gradients if ``grad``."""
+        with torch.set_grad_enabled(grad):
+            return self.policy.node_table(torch.from_numpy(x), pg)
+
+    def episode_head(self, table: torch.Tensor) -> EpisodeHead:
+        return EpisodeHead.of_policy(self.policy, table.detach())
+
+    def loss(self, table: torch.Tensor, nodes: np.ndarray, contexts: np.ndarray,
+             masks: np.ndarray, actions: np.ndarray, advantage: np.ndarray,
+             entropy_coef: float) -> torch.Tensor:
+        """The REINFORCE loss over the decisions at ``nodes`` (see the module)."""
+        logits = self.policy(table[nodes], torch.from_numpy(contexts))
+        allowed = torch.from_numpy(masks)
+        log_p = torch.log_softmax(logits.masked_fill(~allowed, -torch.inf), dim=-1)
+        log_p = log_p.masked_fill(~allowed, 0.0)
+        taken = log_p.gather(1, torch.from_numpy(actions)[:, None])[:, 0]
+        entropy = -(log_p.exp() * log_p).sum(dim=-1)
+        return -(torch.from_numpy(advantage) * taken).mean() - entropy_coef * entropy.mean()
+
+    def update(self, table: torch.Tensor, pg: PolicyGraph, nodes: np.ndarray,
+               contexts: np.ndarray, masks: np.ndarray, actions: np.ndarray,
+               advantage: np.ndarray, entropy_coef: float) -> None:
+        """One Adam step on the REINFORCE loss over the decisions at ``nodes``."""
+        loss = self.loss(table, nodes, contexts, masks, actions, advantage, entropy_coef)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+
 def _choose(logits: np.ndarray, mask: np.ndarray, greedy: bool,
             rng: np.random.Generator) -> int:
     z = np.where(mask, logits, -np.inf)
@@ -302,31 +348,41 @@ def _play_stepwise(env: PlacementEnv, obs: dict[str, Any], context: StepContext,
 #: Gymnasium API (the reference; the same results, slower).
 ENGINES = ("compiled", "stepwise")
 
+#: Where the policy's network, gradient and Adam step run: numpy (`NumpyNetwork`) or
+#: torch (`TorchNetwork`, the reference; the same up to float rounding, slower).
+NETWORKS = ("numpy", "torch")
+
 
 def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
           config: RLConfig | None = None, simulator: Simulator | None = None,
-          engine: str = "compiled") -> RLRun:
+          engine: str = "compiled", network: str = "numpy") -> RLRun:
     """Train a Placeto policy on ``graph`` visiting nodes in ``order``; see the module.
 
     ``engine`` is ``"compiled"`` (`play_episode`) or ``"stepwise"`` (`PlacementEnv.step`
     per node, the reference); both give the same run. On a cluster with Placeto's
-    simulator semantics the episodes are played step by step.
+    simulator semantics the episodes are played step by step. ``network`` is
+    ``"numpy"`` or ``"torch"`` (`NETWORKS`; the ``sage`` encoder always uses torch).
     """
     if engine not in ENGINES:
         raise TravorderError(f"unknown engine {engine!r} (expected {' or '.join(ENGINES)})")
+    if network not in NETWORKS:
+        raise TravorderError(f"unknown network {network!r} (expected "
+                             f"{' or '.join(NETWORKS)})")
     config = config or RLConfig()
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), threadpool_limits(config.threads,
+                                                                  user_api="blas"):
             torch.manual_seed(seed)
-            return _train(graph, cluster, order, seed, config, simulator, engine)
+            return _train(graph, cluster, order, seed, config, simulator, engine, network)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
-           config: RLConfig, simulator: Simulator | None, engine: str) -> RLRun:
+           config: RLConfig, simulator: Simulator | None, engine: str,
+           network: str) -> RLRun:
     start = time.perf_counter()
     env = PlacementEnv(graph, cluster, order, memory=config.memory,
                        memory_penalty=config.memory_penalty, colocate=config.colocate,
@@ -336,7 +392,11 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     pg = PolicyGraph(graph, env.sim.compute_us.mean(axis=1))
     policy = PlacementPolicy(n_dev, encoder=config.encoder, dim=config.dim,
                              hidden=config.hidden)
-    optimizer = FlatAdam(policy, config.lr, config.grad_clip)
+    net: NumpyNetwork | TorchNetwork
+    if network == "numpy" and config.encoder == "placeto":
+        net = NumpyNetwork(policy, config.lr, config.grad_clip)
+    else:
+        net = TorchNetwork(policy, config.lr, config.grad_clip)
     context = StepContext(pg, n_dev)
     rng = np.random.default_rng(seed)
     recent_returns: deque[np.ndarray] = deque(maxlen=config.baseline_window)
@@ -355,10 +415,9 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
 
         # The episode's fixed features go through the graph network once.
         t0 = time.perf_counter()
-        x = torch.from_numpy(static_features(pg, obs["placement"], obs["start"], n_dev))
-        with torch.set_grad_enabled(not greedy):
-            table = policy.node_table(x, pg)
-        head = EpisodeHead(policy, table.detach())
+        x = static_features(pg, obs["placement"], obs["start"], n_dev)
+        table = net.node_table(x, pg, grad=not greedy)
+        head = net.episode_head(table)
         context.reset(obs["placement"])
         t1 = time.perf_counter()
         network_s += t1 - t0
@@ -387,17 +446,9 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         if steps.size == 0:
             update_s += time.perf_counter() - t0
             continue
-        advantage = torch.from_numpy((returns - baseline)[steps].astype(np.float32))
-        logits = policy(table[nodes[steps]], torch.from_numpy(contexts[steps]))
-        allowed = torch.from_numpy(masks[steps])
-        log_p = torch.log_softmax(logits.masked_fill(~allowed, -torch.inf), dim=-1)
-        log_p = log_p.masked_fill(~allowed, 0.0)
-        taken = log_p.gather(1, torch.from_numpy(actions[steps])[:, None])[:, 0]
-        entropy = -(log_p.exp() * log_p).sum(dim=-1)
-        loss = -(advantage * taken).mean() - config.entropy_coef * entropy.mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        advantage = (returns - baseline)[steps].astype(np.float32)
+        net.update(table, pg, nodes[steps], contexts[steps], masks[steps], actions[steps],
+                   advantage, config.entropy_coef)
         update_s += time.perf_counter() - t0
 
     wall = time.perf_counter() - start
