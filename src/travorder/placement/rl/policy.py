@@ -470,16 +470,6 @@ class EpisodeHead:
                        first.weight[:, k:].detach().numpy().copy(),
                        [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in rest])
 
-    @classmethod
-    def of_layers(cls, layers: list[tuple[np.ndarray, np.ndarray]],
-                  table: np.ndarray) -> EpisodeHead:
-        """The head whose layers' ``(weight, bias)`` are ``layers``, for ``table``."""
-        (w, b), *rest = layers
-        k = table.shape[1]
-        first = table @ w[:, :k].T
-        first += b
-        return cls(first, w[:, k:].copy(), rest)
-
     def __call__(self, v: int, context: np.ndarray) -> np.ndarray:
         """Logits of node ``v`` given its step context."""
         h = self._first[v] + self._context @ context

@@ -274,14 +274,15 @@ class TorchNetwork:
     """The policy in torch, trained with autograd and `FlatAdam`: the reference for
     `NumpyNetwork`, with the same methods."""
 
-    def __init__(self, policy: PlacementPolicy, lr: float, grad_clip: float) -> None:
-        self.policy = policy
+    def __init__(self, policy: PlacementPolicy, pg: PolicyGraph, lr: float,
+                 grad_clip: float) -> None:
+        self.policy, self.pg = policy, pg
         self.optimizer = FlatAdam(policy, lr, grad_clip)
 
-    def node_table(self, x: np.ndarray, pg: PolicyGraph, grad: bool) -> torch.Tensor:
+    def node_table(self, x: np.ndarray, grad: bool = True) -> torch.Tensor:
         """The episode table of the features ``x``, with gradients if ``grad``."""
         with torch.set_grad_enabled(grad):
-            return self.policy.node_table(torch.from_numpy(x), pg)
+            return self.policy.node_table(torch.from_numpy(x), self.pg)
 
     def episode_head(self, table: torch.Tensor) -> EpisodeHead:
         return EpisodeHead.of_policy(self.policy, table.detach())
@@ -298,9 +299,9 @@ class TorchNetwork:
         entropy = -(log_p.exp() * log_p).sum(dim=-1)
         return -(torch.from_numpy(advantage) * taken).mean() - entropy_coef * entropy.mean()
 
-    def update(self, table: torch.Tensor, pg: PolicyGraph, nodes: np.ndarray,
-               contexts: np.ndarray, masks: np.ndarray, actions: np.ndarray,
-               advantage: np.ndarray, entropy_coef: float) -> None:
+    def update(self, table: torch.Tensor, nodes: np.ndarray, contexts: np.ndarray,
+               masks: np.ndarray, actions: np.ndarray, advantage: np.ndarray,
+               entropy_coef: float) -> None:
         """One Adam step on the REINFORCE loss over the decisions at ``nodes``."""
         loss = self.loss(table, nodes, contexts, masks, actions, advantage, entropy_coef)
         self.optimizer.zero_grad()
@@ -394,9 +395,9 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
                              hidden=config.hidden)
     net: NumpyNetwork | TorchNetwork
     if network == "numpy" and config.encoder == "placeto":
-        net = NumpyNetwork(policy, config.lr, config.grad_clip)
+        net = NumpyNetwork(policy, pg, config.lr, config.grad_clip, rows=env.deciders())
     else:
-        net = TorchNetwork(policy, config.lr, config.grad_clip)
+        net = TorchNetwork(policy, pg, config.lr, config.grad_clip)
     context = StepContext(pg, n_dev)
     rng = np.random.default_rng(seed)
     recent_returns: deque[np.ndarray] = deque(maxlen=config.baseline_window)
@@ -416,7 +417,7 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         # The episode's fixed features go through the graph network once.
         t0 = time.perf_counter()
         x = static_features(pg, obs["placement"], obs["start"], n_dev)
-        table = net.node_table(x, pg, grad=not greedy)
+        table = net.node_table(x, grad=not greedy)
         head = net.episode_head(table)
         context.reset(obs["placement"])
         t1 = time.perf_counter()
@@ -447,7 +448,7 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
             update_s += time.perf_counter() - t0
             continue
         advantage = (returns - baseline)[steps].astype(np.float32)
-        net.update(table, pg, nodes[steps], contexts[steps], masks[steps], actions[steps],
+        net.update(table, nodes[steps], contexts[steps], masks[steps], actions[steps],
                    advantage, config.entropy_coef)
         update_s += time.perf_counter() - t0
 
