@@ -50,7 +50,6 @@ from travorder.graph.pipeline import pipeline_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import place_graph
-from travorder.placement.rl import trainer
 from travorder.placement.rl.trainer import ENGINES, PRESETS, RLConfig, train
 from travorder.study.scenarios import Scenario
 
@@ -69,8 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory", type=float, help="device memory, times the single-device peak")
     ap.add_argument("--micro-batches", type=int, default=1, help="pipeline the graph")
-    ap.add_argument("--network", choices=getattr(trainer, "NETWORKS", None),
-                    help="where the policy's network and update run (default: numpy)")
+    ap.add_argument("--network", help="where the policy's network and update run "
+                    "(RLConfig.network; default: the preset's)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--against", help="another source tree to compare with, side by side")
     ap.add_argument("--pairs", type=int, default=3, help="alternations with --against")
@@ -85,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory is not None:
         cluster = Scenario(memory=args.memory).cluster_for(graph, cluster)
     order = traversal_order(graph, args.order)
-    options = {} if args.episodes is None else {"episodes": args.episodes}
+    options = {key: value for key, value in (("episodes", args.episodes),
+                                             ("network", args.network)) if value is not None}
     config = RLConfig.from_options(args.preset, **options)
     engines = ENGINES if args.engine == "both" else (args.engine,)
-    network = {} if args.network is None else {"network": args.network}
     single = place_graph(graph, cluster, "single").step_time_us
     print(f"{args.family} training graph: {graph.n_nodes} nodes, {graph.n_edges} edges, "
           f"{args.micro_batches} micro-batch(es); {cluster.name}, memory "
@@ -99,11 +98,11 @@ def main(argv: list[str] | None = None) -> int:
                      "preset": args.preset, "episodes": config.episodes,
                      "single_step_time_us": single, "engines": {}}
     for engine in engines:
-        train(graph, cluster, order, args.seed, RLConfig(episodes=1), engine=engine, **network)
+        train(graph, cluster, order, args.seed, RLConfig(episodes=1), engine=engine)
         best = None
         for _ in range(args.repeat):
             cpu0 = time.process_time()
-            run = train(graph, cluster, order, args.seed, config, engine=engine, **network)
+            run = train(graph, cluster, order, args.seed, config, engine=engine)
             cpu = time.process_time() - cpu0
             if best is None or cpu < best[0]:
                 best = (cpu, run)

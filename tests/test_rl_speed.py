@@ -206,9 +206,9 @@ def test_a_numpy_update_is_torchs_to_float_rounding() -> None:
 
 def test_both_networks_train_alike_and_a_bad_one_is_refused() -> None:
     c, order = load_cluster("k80x3"), traversal_order(GRAPH, "topo_lifo")
-    runs = [train(GRAPH, c, order, 0, RLConfig(episodes=6, eval_every=3), network=network)
+    runs = [train(GRAPH, c, order, 0, RLConfig(episodes=6, eval_every=3, network=network))
             for network in ("numpy", "torch")]
     assert runs[0].curve[0] == runs[1].curve[0]  # the same initial weights and draws
     assert runs[0].best_curve[-1] == pytest.approx(runs[1].best_curve[-1], rel=0.05)
-    with pytest.raises(TravorderError, match="unknown network"):
-        train(GRAPH, c, order, network="jax")
+    with pytest.raises(TravorderError, match="network must be one of numpy, torch"):
+        RLConfig.from_options("paper", network="jax")

@@ -18,8 +18,9 @@ sampling from ``numpy.random.default_rng(seed)``, and torch and numpy's BLAS run
 
 The graph network, the loss's gradient and the Adam step run in numpy with hand-derived
 gradients (`NumpyNetwork`) or, with ``network="torch"``, in torch with autograd and
-`FlatAdam` (the reference; the ``sage`` encoder always runs there). The two agree to
-float rounding, so a run's result for a given seed may differ between them.
+`FlatAdam` (the reference, and the path of the bundled RL study; the ``sage`` encoder
+always runs there). The two agree to float rounding, so a run with a given seed may
+follow another trajectory under each.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ from travorder.placement.simulator import Simulator
 
 ENCODERS = ("placeto", "sage")
 
+#: Where the policy's network, gradient and Adam step run: numpy (`NumpyNetwork`) or
+#: torch (`TorchNetwork`, the reference; the same up to float rounding, slower).
+NETWORKS = ("numpy", "torch")
+
 
 @dataclass(frozen=True)
 class RLConfig:
@@ -69,7 +74,8 @@ class RLConfig:
     how many recent training episodes the per-step baseline averages; ``gamma``: discount
     of the returns; ``encoder``: ``"placeto"`` or ``"sage"``; ``dim`` / ``hidden``:
     widths of the graph network and of the head; ``memory`` / ``memory_penalty`` /
-    ``colocate``: see `PlacementEnv`; ``threads``: torch and BLAS threads during the run.
+    ``colocate``: see `PlacementEnv`; ``threads``: torch and BLAS threads during the run;
+    ``network``: ``"numpy"`` or ``"torch"`` (`NETWORKS`; see the module).
     """
 
     episodes: int = 50
@@ -86,6 +92,7 @@ class RLConfig:
     memory_penalty: float = 10.0
     colocate: bool = True
     threads: int = 1
+    network: str = "numpy"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -113,6 +120,7 @@ class RLConfig:
             (self.memory_penalty >= 0 and math.isfinite(self.memory_penalty),
              "memory_penalty must be non-negative"),
             (self.threads >= 1, "threads must be at least 1"),
+            (self.network in NETWORKS, f"network must be one of {', '.join(NETWORKS)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -349,26 +357,17 @@ def _play_stepwise(env: PlacementEnv, obs: dict[str, Any], context: StepContext,
 #: Gymnasium API (the reference; the same results, slower).
 ENGINES = ("compiled", "stepwise")
 
-#: Where the policy's network, gradient and Adam step run: numpy (`NumpyNetwork`) or
-#: torch (`TorchNetwork`, the reference; the same up to float rounding, slower).
-NETWORKS = ("numpy", "torch")
-
-
 def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
           config: RLConfig | None = None, simulator: Simulator | None = None,
-          engine: str = "compiled", network: str = "numpy") -> RLRun:
+          engine: str = "compiled") -> RLRun:
     """Train a Placeto policy on ``graph`` visiting nodes in ``order``; see the module.
 
     ``engine`` is ``"compiled"`` (`play_episode`) or ``"stepwise"`` (`PlacementEnv.step`
     per node, the reference); both give the same run. On a cluster with Placeto's
-    simulator semantics the episodes are played step by step. ``network`` is
-    ``"numpy"`` or ``"torch"`` (`NETWORKS`; the ``sage`` encoder always uses torch).
+    simulator semantics the episodes are played step by step.
     """
     if engine not in ENGINES:
         raise TravorderError(f"unknown engine {engine!r} (expected {' or '.join(ENGINES)})")
-    if network not in NETWORKS:
-        raise TravorderError(f"unknown network {network!r} (expected "
-                             f"{' or '.join(NETWORKS)})")
     config = config or RLConfig()
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
@@ -376,14 +375,13 @@ def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
         with torch.random.fork_rng(devices=[]), threadpool_limits(config.threads,
                                                                   user_api="blas"):
             torch.manual_seed(seed)
-            return _train(graph, cluster, order, seed, config, simulator, engine, network)
+            return _train(graph, cluster, order, seed, config, simulator, engine)
     finally:
         torch.set_num_threads(threads)
 
 
 def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
-           config: RLConfig, simulator: Simulator | None, engine: str,
-           network: str) -> RLRun:
+           config: RLConfig, simulator: Simulator | None, engine: str) -> RLRun:
     start = time.perf_counter()
     env = PlacementEnv(graph, cluster, order, memory=config.memory,
                        memory_penalty=config.memory_penalty, colocate=config.colocate,
@@ -394,7 +392,7 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     policy = PlacementPolicy(n_dev, encoder=config.encoder, dim=config.dim,
                              hidden=config.hidden)
     net: NumpyNetwork | TorchNetwork
-    if network == "numpy" and config.encoder == "placeto":
+    if config.network == "numpy" and config.encoder == "placeto":
         net = NumpyNetwork(policy, pg, config.lr, config.grad_clip, rows=env.deciders())
     else:
         net = TorchNetwork(policy, pg, config.lr, config.grad_clip)
