@@ -4,14 +4,17 @@
 ``loss.backward()`` and `FlatAdam` compute, with hand-derived gradients and no torch
 operation: the episode table (message passes in the compiled kernels of `policy`, set
 aggregations as products with the reachability matrix), the head over an episode's
-decisions, the REINFORCE loss's gradient, global-norm clipping and Adam, all over one
-flat float32 parameter vector. A torch update costs a few hundred small tensor
-operations, each with dispatch and autograd overhead that dwarfs its arithmetic on
-graphs of a few hundred nodes; here it is a few dozen numpy calls.
+decisions, the REINFORCE loss's gradient, global-norm clipping and Adam (one compiled
+loop), all over one flat float32 parameter vector. A torch update costs a few hundred
+small tensor operations, each with dispatch and autograd overhead that dwarfs its
+arithmetic on graphs of a few hundred nodes; here it is a few dozen numpy calls. The set
+means and the head are computed only for the nodes that can decide (the others never
+read them), so their cost grows with the decisions rather than with the nodes.
 
 The arithmetic is torch's (float32, the same formulas); the products run through
-numpy's BLAS instead of torch's, so results agree with the torch path to float rounding
-(the tests compare gradients and whole updates), not bit for bit.
+numpy's BLAS instead of torch's and sum in another order, so results agree with the
+torch path to float rounding (the tests compare gradients and whole updates), not bit
+for bit.
 """
 
 from __future__ import annotations

@@ -24,7 +24,8 @@ costs one pass of the graph network instead of ``n`` (Placeto re-ran it at every
   context of v]`` gives one logit per device.
 
 While an episode is played the head runs in numpy (`EpisodeHead`); for the update it runs
-again in torch over all the episode's steps at once, on the table computed with gradients.
+again over all the episode's steps at once, on the table of the episode: in numpy with
+hand-derived gradients (`network.NumpyNetwork`, the default) or in torch with autograd.
 
 Speed. A message pass is a recursion along the topological order: each node waits for
 its neighbours' messages. Run level by level in torch (all nodes of a level at once) it
