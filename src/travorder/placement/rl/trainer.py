@@ -357,6 +357,7 @@ def _play_stepwise(env: PlacementEnv, obs: dict[str, Any], context: StepContext,
 #: Gymnasium API (the reference; the same results, slower).
 ENGINES = ("compiled", "stepwise")
 
+
 def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
           config: RLConfig | None = None, simulator: Simulator | None = None,
           engine: str = "compiled") -> RLRun:
