@@ -46,7 +46,8 @@ class Table:
     x: np.ndarray
     passes: list[tuple[np.ndarray, np.ndarray]]  # (pre, hid) per direction
     h: np.ndarray  # the message passes' output, every node
-    sets: list[tuple[np.ndarray, np.ndarray]]  # (first layer's output, relu'd output) per set
+    sets: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per set: the first layer's
+    # output before and after its ReLU, and the transform's output
     head_first: np.ndarray | None = None  # the head's first layer on the table's rows
 
 
@@ -189,8 +190,9 @@ class NumpyNetwork:
         sets, outs = [], []
         for prefix in _SETS:
             first = self._linear(h, f"{prefix}.0")
-            out = _relu(self._linear(_relu(first), f"{prefix}.2"))
-            sets.append((first, out))
+            hidden = _relu(first)
+            out = _relu(self._linear(hidden, f"{prefix}.2"))
+            sets.append((first, hidden, out))
             outs.append(out)
         fa, fd, fp = outs
         up = self._anc.T @ np.concatenate([fa, fp], axis=1)
@@ -279,10 +281,9 @@ class NumpyNetwork:
         from_down = self._desc.T @ np.concatenate([g_sums[:, dim:2 * dim], -g_par], axis=1)
         g_fp = from_up[:, dim:] + from_down[:, dim:] + g_par.sum(axis=0)
         g_fp[self.rows] -= g_par
-        for prefix, (first, out), g_out in zip(_SETS, t.sets,
-                                               (from_up[:, :dim], from_down[:, :dim], g_fp),
-                                               strict=True):
-            g = self._linear_grad(g_out * (out > 0), _relu(first), f"{prefix}.2")
+        for prefix, (first, hidden, out), g_out in zip(
+                _SETS, t.sets, (from_up[:, :dim], from_down[:, :dim], g_fp), strict=True):
+            g = self._linear_grad(g_out * (out > 0), hidden, f"{prefix}.2")
             g_h += self._linear_grad(g * (first > 0), t.h, f"{prefix}.0")
         pg = self.pg
         for i, (prefix, direction) in enumerate(zip(_PASSES, (pg.forward, pg.backward),
@@ -294,7 +295,8 @@ class NumpyNetwork:
                 w[f"{prefix}.message.0.weight"], w[f"{prefix}.message.1.weight"],
                 np.ascontiguousarray(g_h[:, i * dim:(i + 1) * dim]))
             self._linear_grad(g_msg, _relu(hid), f"{prefix}.message.1", g_in=False)
-            self._linear_grad(g_hid, _relu(pre), f"{prefix}.message.0", g_in=False)
+            self._linear_grad(g_hid, t.h[:, i * dim:(i + 1) * dim], f"{prefix}.message.0",
+                              g_in=False)
             self._linear_grad(g_base, t.x, f"{prefix}.update", g_in=False)
 
     # ---------------------------------------------------------------- Adam
