@@ -26,16 +26,16 @@ follow another trajectory under each.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from numba import njit
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
@@ -353,6 +353,13 @@ def _play_stepwise(env: PlacementEnv, obs: dict[str, Any], context: StepContext,
     return Episode(nodes, contexts, masks, actions, rewards, env.simulations - sims), info
 
 
+@functools.cache
+def _threadpools() -> ThreadpoolController:
+    """The loaded thread pools (BLAS's among them), found once: finding them reads the
+    process's memory map (milliseconds)."""
+    return ThreadpoolController()
+
+
 #: How an episode is played: in one compiled call, or step by step through the
 #: Gymnasium API (the reference; the same results, slower).
 ENGINES = ("compiled", "stepwise")
@@ -373,8 +380,8 @@ def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        with torch.random.fork_rng(devices=[]), threadpool_limits(config.threads,
-                                                                  user_api="blas"):
+        with torch.random.fork_rng(devices=[]), _threadpools().limit(
+                limits=config.threads, user_api="blas"):
             torch.manual_seed(seed)
             return _train(graph, cluster, order, seed, config, simulator, engine)
     finally:
@@ -399,7 +406,10 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         net = TorchNetwork(policy, pg, config.lr, config.grad_clip)
     context = StepContext(pg, n_dev)
     rng = np.random.default_rng(seed)
-    recent_returns: deque[np.ndarray] = deque(maxlen=config.baseline_window)
+    # the returns of the latest sampled episodes, oldest first, in the first `kept` rows
+    window = config.baseline_window
+    history = np.zeros((min(config.episodes, 2 * window), n))
+    kept = 0
     curve, best_curve, greedy_flags = [], [], []
     play_s = network_s = update_s = 0.0
 
@@ -440,8 +450,12 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         # REINFORCE with a per-step baseline over recent episodes.
         t0 = time.perf_counter()
         returns = returns_to_go(rewards, config.gamma)
-        baseline = np.mean(recent_returns, axis=0) if recent_returns else np.zeros(n)
-        recent_returns.append(returns)
+        baseline = np.mean(history[max(kept - window, 0):kept], axis=0) if kept else np.zeros(n)
+        if kept == len(history):  # full: keep the latest window - 1, in order
+            history[:window - 1] = history[kept - window + 1:kept]
+            kept = window - 1
+        history[kept] = returns
+        kept += 1
         steps = np.flatnonzero(masks.sum(axis=1) > 1)
         if steps.size == 0:
             update_s += time.perf_counter() - t0
