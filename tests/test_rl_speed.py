@@ -13,7 +13,13 @@ from travorder.errors import TravorderError
 from travorder.graph import training_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.rl.trainer import FlatAdam, RLConfig, returns_to_go, train
+from travorder.placement.rl.trainer import (
+    FlatAdam,
+    ReturnsWindow,
+    RLConfig,
+    returns_to_go,
+    train,
+)
 from travorder.placement.simulator import Simulator
 
 GRAPH = training_graph(synthetic.enas_cnn(seed=0, n_cells=2))
@@ -64,6 +70,21 @@ def test_returns_to_go_is_the_discounted_sum() -> None:
     rewards = np.random.default_rng(0).normal(size=50)
     expected = [sum(rewards[k] * 0.9 ** (k - t) for k in range(t, 50)) for t in range(50)]
     assert returns_to_go(rewards, 0.9) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("window", "episodes"), [(1, 9), (3, 20), (10, 40), (1000, 40),
+                                                 (4, 4)])
+def test_the_returns_window_means_as_a_deque_does(window: int, episodes: int) -> None:
+    from collections import deque
+
+    rng = np.random.default_rng(window)
+    ours, reference = ReturnsWindow(window, 7, episodes), deque(maxlen=window)
+    assert np.array_equal(ours.mean(), np.zeros(7))
+    for _ in range(episodes):
+        returns = rng.normal(size=7) * 1e3
+        ours.append(returns)
+        reference.append(returns)
+        assert np.array_equal(ours.mean(), np.mean(reference, axis=0))  # bit for bit
 
 
 def test_flat_adam_matches_torch_adam_with_clipping() -> None:

@@ -317,6 +317,32 @@ class TorchNetwork:
         self.optimizer.step()
 
 
+class ReturnsWindow:
+    """The returns of the latest ``window`` sampled episodes (``n`` steps each; at most
+    ``episodes`` are appended), kept oldest first in rows of one array, so that `mean`
+    is ``np.mean`` over them without stacking them each time (the same sums, in the
+    same order, as over a deque of them)."""
+
+    def __init__(self, window: int, n: int, episodes: int) -> None:
+        self.window = window
+        self._rows = np.zeros((max(min(episodes, 2 * window), 1), n))
+        self._kept = 0
+
+    def mean(self) -> np.ndarray:
+        """The per-step mean over the window; zeros before the first episode."""
+        if not self._kept:
+            return np.zeros(self._rows.shape[1])
+        return np.mean(self._rows[max(self._kept - self.window, 0):self._kept], axis=0)
+
+    def append(self, returns: np.ndarray) -> None:
+        if self._kept == len(self._rows):  # full: keep the latest window - 1, in order
+            keep = self.window - 1
+            self._rows[:keep] = self._rows[self._kept - keep:self._kept]
+            self._kept = keep
+        self._rows[self._kept] = returns
+        self._kept += 1
+
+
 def _choose(logits: np.ndarray, mask: np.ndarray, greedy: bool,
             rng: np.random.Generator) -> int:
     z = np.where(mask, logits, -np.inf)
@@ -406,10 +432,7 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         net = TorchNetwork(policy, pg, config.lr, config.grad_clip)
     context = StepContext(pg, n_dev)
     rng = np.random.default_rng(seed)
-    # the returns of the latest sampled episodes, oldest first, in the first `kept` rows
-    window = config.baseline_window
-    history = np.zeros((min(config.episodes, 2 * window), n))
-    kept = 0
+    recent_returns = ReturnsWindow(config.baseline_window, n, config.episodes)
     curve, best_curve, greedy_flags = [], [], []
     play_s = network_s = update_s = 0.0
 
@@ -450,12 +473,8 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         # REINFORCE with a per-step baseline over recent episodes.
         t0 = time.perf_counter()
         returns = returns_to_go(rewards, config.gamma)
-        baseline = np.mean(history[max(kept - window, 0):kept], axis=0) if kept else np.zeros(n)
-        if kept == len(history):  # full: keep the latest window - 1, in order
-            history[:window - 1] = history[kept - window + 1:kept]
-            kept = window - 1
-        history[kept] = returns
-        kept += 1
+        baseline = recent_returns.mean()
+        recent_returns.append(returns)
         steps = np.flatnonzero(masks.sum(axis=1) > 1)
         if steps.size == 0:
             update_s += time.perf_counter() - t0
