@@ -3,7 +3,7 @@
 The graph is the training graph of a synthetic family (default: Inception-style, 5
 modules, seed 0: 210 nodes; ``--family seq2seq``: 10 + 10 steps, 1,252 nodes) on
 ``k80x3``, order ``topo_lifo`` (the study's ``topo``), preset ``paper`` (50 episodes),
-torch on one thread. A one-episode run first compiles (or loads) the numba kernels, so
+torch and BLAS on one thread. A one-episode run first compiles (or loads) the numba kernels, so
 the timed runs measure steady state; each engine runs ``--repeat`` times and the fastest
 CPU time is reported.
 
@@ -18,7 +18,8 @@ simulated and the best step time next to ``single``.
 ``--memory F`` gives every device ``F`` times the graph's single-device peak memory
 (the memory-pressured case: every decision simulates its candidates for the mask);
 ``--micro-batches M`` pipelines the graph into ``M`` micro-batches (each op colocated
-with its copies: as many decisions, ``M`` times the nodes).
+with its copies: as many decisions, ``M`` times the nodes); ``--network torch`` runs the
+policy's network and update in torch (`RLConfig.network`; default numpy).
 
 Side by side: ``--against SRC`` runs the benchmark (compiled engine) alternately with
 this source tree and with ``SRC`` (the ``src`` folder of another checkout, e.g. the
@@ -28,8 +29,8 @@ gave the same result.
 
     python benchmarks/rl.py [--family inception] [--preset paper] [--episodes N]
                             [--order topo_lifo] [--engine both] [--repeat 2]
-                            [--seed 0] [--memory F] [--micro-batches M] [--json OUT]
-                            [--against SRC [--pairs 3]]
+                            [--seed 0] [--memory F] [--micro-batches M]
+                            [--network numpy|torch] [--json OUT] [--against SRC [--pairs 3]]
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--memory", type=float, help="device memory, times the single-device peak")
     ap.add_argument("--micro-batches", type=int, default=1, help="pipeline the graph")
+    ap.add_argument("--network", help="where the policy's network and update run "
+                    "(RLConfig.network; default: the preset's)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--against", help="another source tree to compare with, side by side")
     ap.add_argument("--pairs", type=int, default=3, help="alternations with --against")
@@ -82,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory is not None:
         cluster = Scenario(memory=args.memory).cluster_for(graph, cluster)
     order = traversal_order(graph, args.order)
-    options = {} if args.episodes is None else {"episodes": args.episodes}
+    options = {key: value for key, value in (("episodes", args.episodes),
+                                             ("network", args.network)) if value is not None}
     config = RLConfig.from_options(args.preset, **options)
     engines = ENGINES if args.engine == "both" else (args.engine,)
     single = place_graph(graph, cluster, "single").step_time_us

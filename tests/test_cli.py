@@ -181,8 +181,8 @@ def test_failed_place_writes_nothing(capsys, model, tmp_path):
 def test_place_takes_placer_options_and_coarsening(capsys, model, tmp_path):
     out_path = tmp_path / "rl.json"
     code, out, _ = run(capsys, "place", model, "--placer", "rl", "--order", "topo_lifo",
-                       "--option", "preset=paper", "-O", "episodes=3", "--coarsen", "12",
-                       "--json", "-o", str(out_path))
+                       "--option", "preset=paper", "-O", "episodes=3", "-O", "network=torch",
+                       "--coarsen", "12", "--json", "-o", str(out_path))
     placed = json.loads(out)
     assert code == 0 and placed["placer"] == "rl" and placed["feasible"]
     code, out, _ = run(capsys, "simulate", model, str(out_path), "--json")
@@ -200,6 +200,7 @@ def test_place_takes_placer_options_and_coarsening(capsys, model, tmp_path):
     (["-O", "episodes=many"], "episodes must be int"),
     (["-O", "bogus=1"], "no option 'bogus'"),
     (["-O", "preset=huge"], "unknown rl preset"),
+    (["-O", "network=jax"], "network must be one of numpy, torch"),
     (["--coarsen", "0"], "--coarsen"),
 ])
 def test_bad_placer_options_get_one_line_and_exit_2(capsys, model, tmp_path, args, message):

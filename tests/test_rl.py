@@ -272,7 +272,7 @@ def _logits_per_node(g: OpGraph, placement: np.ndarray, start: np.ndarray, seed:
         ctx.update(v, np.array([v]), (placement[v] + 1) % 3)
     contexts = torch.from_numpy(np.stack([ctx(v) for v in range(g.n_nodes)]))
     logits = policy(table, contexts).detach().numpy()
-    head = EpisodeHead(policy, table)
+    head = EpisodeHead.of_policy(policy, table)
     assert np.allclose([head(v, contexts[v].numpy()) for v in range(g.n_nodes)], logits,
                        atol=1e-5)
     return logits

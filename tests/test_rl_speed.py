@@ -13,7 +13,13 @@ from travorder.errors import TravorderError
 from travorder.graph import training_graph
 from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.rl.trainer import FlatAdam, RLConfig, returns_to_go, train
+from travorder.placement.rl.trainer import (
+    FlatAdam,
+    ReturnsWindow,
+    RLConfig,
+    returns_to_go,
+    train,
+)
 from travorder.placement.simulator import Simulator
 
 GRAPH = training_graph(synthetic.enas_cnn(seed=0, n_cells=2))
@@ -64,6 +70,21 @@ def test_returns_to_go_is_the_discounted_sum() -> None:
     rewards = np.random.default_rng(0).normal(size=50)
     expected = [sum(rewards[k] * 0.9 ** (k - t) for k in range(t, 50)) for t in range(50)]
     assert returns_to_go(rewards, 0.9) == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize(("window", "episodes"), [(1, 9), (3, 20), (10, 40), (1000, 40),
+                                                 (4, 4)])
+def test_the_returns_window_means_as_a_deque_does(window: int, episodes: int) -> None:
+    from collections import deque
+
+    rng = np.random.default_rng(window)
+    ours, reference = ReturnsWindow(window, 7, episodes), deque(maxlen=window)
+    assert np.array_equal(ours.mean(), np.zeros(7))
+    for _ in range(episodes):
+        returns = rng.normal(size=7) * 1e3
+        ours.append(returns)
+        reference.append(returns)
+        assert np.array_equal(ours.mean(), np.mean(reference, axis=0))  # bit for bit
 
 
 def test_flat_adam_matches_torch_adam_with_clipping() -> None:
@@ -138,3 +159,77 @@ def test_a_reset_to_the_same_placement_reuses_its_start_times(
     assert len(calls) == 2
     r = run(moved["placement"])
     assert np.array_equal(moved["start"], r.start_us / r.step_time_us)
+
+
+def _decisions(pg, seed: int, dtype):
+    """Random episode features and decisions on half the nodes of ``pg``."""
+    rng = np.random.default_rng(seed)
+    n = pg.n_nodes
+    from travorder.placement.rl.policy import static_features
+
+    x = static_features(pg, rng.integers(0, 3, n), rng.random(n), 3).astype(dtype)
+    nodes = rng.permutation(n)[:n // 2]
+    contexts = rng.random((nodes.size, 42)).astype(dtype)
+    masks = rng.random((nodes.size, 3)) < 0.7
+    masks[np.arange(nodes.size), rng.integers(0, 3, nodes.size)] = True
+    actions = np.array([rng.choice(np.flatnonzero(m)) for m in masks])
+    advantage = rng.normal(size=nodes.size).astype(dtype)
+    return x, nodes, contexts, masks, actions, advantage
+
+
+def test_the_numpy_network_has_torchs_gradient() -> None:
+    from travorder.placement.rl.network import NumpyNetwork
+    from travorder.placement.rl.policy import PlacementPolicy, PolicyGraph
+    from travorder.placement.rl.trainer import TorchNetwork
+
+    pg = PolicyGraph(GRAPH, GRAPH.flops.astype(float))
+    pg.descendants = pg.descendants.double()  # float64 throughout: no rounding noise
+    torch.manual_seed(0)
+    policy = PlacementPolicy(3).double()
+    x, nodes, contexts, masks, actions, advantage = _decisions(pg, 0, np.float64)
+    rows = np.sort(np.concatenate([nodes, [n for n in range(pg.n_nodes) if n % 5 == 0]]))
+    net = NumpyNetwork(policy, pg, lr=1e-3, grad_clip=1.25, rows=np.unique(rows))
+    t = net.node_table(x)
+    ref = TorchNetwork(policy, pg, lr=1e-3, grad_clip=1.25)
+    table = ref.node_table(x)
+    assert np.allclose(t.table, table.detach().numpy()[net.rows], rtol=1e-12, atol=1e-12)
+    loss = net.gradient(t, nodes, contexts, masks, actions, advantage, 0.01)
+    ref.optimizer.zero_grad()
+    ref_loss = ref.loss(table, nodes, contexts, masks, actions, advantage, 0.01)
+    ref_loss.backward()
+    assert loss == pytest.approx(ref_loss.detach().item(), rel=1e-12)
+    assert np.allclose(net.grad, ref.optimizer.grad.numpy(), rtol=1e-9, atol=1e-14)
+    assert np.abs(net.grad).max() > 1e-4  # every part of the network gets a gradient
+    for name, grad in net.g.items():
+        assert np.abs(grad).max() > 0, name
+
+
+def test_a_numpy_update_is_torchs_to_float_rounding() -> None:
+    from travorder.placement.rl.network import NumpyNetwork
+    from travorder.placement.rl.policy import PlacementPolicy, PolicyGraph
+    from travorder.placement.rl.trainer import TorchNetwork
+
+    pg = PolicyGraph(GRAPH, GRAPH.flops.astype(float))
+    torch.manual_seed(1)
+    policy = PlacementPolicy(3)
+    net = NumpyNetwork(policy, pg, lr=1e-3, grad_clip=0.05)  # the clipping matters
+    ref = TorchNetwork(policy, pg, lr=1e-3, grad_clip=0.05)
+    before = net.flat.copy()
+    for seed in range(3):
+        x, *decisions = _decisions(pg, seed, np.float32)
+        net.update(net.node_table(x), *decisions, 0.01)
+        ref.update(ref.node_table(x), *decisions, 0.01)
+    after = ref.optimizer.flat.numpy()
+    assert not np.allclose(after, before)
+    # Adam moves each weight by about lr per step: float rounding moves it far less
+    assert np.abs(net.flat - after).max() < 1e-5
+
+
+def test_both_networks_train_alike_and_a_bad_one_is_refused() -> None:
+    c, order = load_cluster("k80x3"), traversal_order(GRAPH, "topo_lifo")
+    runs = [train(GRAPH, c, order, 0, RLConfig(episodes=6, eval_every=3, network=network))
+            for network in ("numpy", "torch")]
+    assert runs[0].curve[0] == runs[1].curve[0]  # the same initial weights and draws
+    assert runs[0].best_curve[-1] == pytest.approx(runs[1].best_curve[-1], rel=0.05)
+    with pytest.raises(TravorderError, match="network must be one of numpy, torch"):
+        RLConfig.from_options("paper", network="jax")

@@ -150,6 +150,12 @@ class PlacementEnv(gym.Env):
         g = self._group[v]
         return self._by_group[self._bounds[g]:self._bounds[g + 1]]
 
+    def deciders(self) -> np.ndarray:
+        """The nodes where an episode can take a decision, sorted: the first member of
+        each colocation group in the order (the others follow it)."""
+        _, first = np.unique(self._group[self.order], return_index=True)
+        return np.sort(self.order[first])
+
     def _cost(self, step: float, feasible: bool, overflow: float) -> float:
         """The cost the reward sees: the step time, penalised when over memory."""
         return step if feasible else step * (1.0 + self.memory_penalty * max(overflow, 0.0))

@@ -24,7 +24,8 @@ costs one pass of the graph network instead of ``n`` (Placeto re-ran it at every
   context of v]`` gives one logit per device.
 
 While an episode is played the head runs in numpy (`EpisodeHead`); for the update it runs
-again in torch over all the episode's steps at once, on the table computed with gradients.
+again over all the episode's steps at once, on the table of the episode: in numpy with
+hand-derived gradients (`network.NumpyNetwork`, the default) or in torch with autograd.
 
 Speed. A message pass is a recursion along the topological order: each node waits for
 its neighbours' messages. Run level by level in torch (all nodes of a level at once) it
@@ -447,21 +448,28 @@ class PlacementPolicy(nn.Module):
 
 
 class EpisodeHead:
-    """`PlacementPolicy.forward` for one episode's table, in numpy, without gradients.
+    """The head (`PlacementPolicy.forward`) for one episode's table, in numpy, without
+    gradients.
 
     Used while an episode is played: the first layer's product with the table is done
-    once for all nodes, so a step costs three small matrix-vector products. It agrees
-    with `PlacementPolicy.forward` up to float rounding, and shares the policy's weights:
-    it is valid until they change.
+    once for all nodes (``first``), so a step costs three small matrix-vector products.
+    ``context`` is the first layer's weight on the step context and ``layers`` the
+    other layers' ``(weight, bias)``. Valid until the policy's weights change.
     """
 
-    def __init__(self, policy: PlacementPolicy, table: torch.Tensor) -> None:
+    def __init__(self, first: np.ndarray, context: np.ndarray,
+                 layers: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        self._first, self._context, self._layers = first, context, layers
+
+    @classmethod
+    def of_policy(cls, policy: PlacementPolicy, table: torch.Tensor) -> EpisodeHead:
+        """The head of a torch `PlacementPolicy` for ``table``."""
         first, *rest = (m for m in policy.head if isinstance(m, nn.Linear))
         k = table.shape[1]
         with torch.no_grad():
-            self._first = torch.addmm(first.bias, table, first.weight[:, :k].T).numpy()
-            self._context = first.weight[:, k:].detach().numpy().copy()
-            self._layers = [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in rest]
+            return cls(torch.addmm(first.bias, table, first.weight[:, :k].T).numpy(),
+                       first.weight[:, k:].detach().numpy().copy(),
+                       [(m.weight.detach().numpy(), m.bias.detach().numpy()) for m in rest])
 
     def __call__(self, v: int, context: np.ndarray) -> np.ndarray:
         """Logits of node ``v`` given its step context."""

@@ -13,27 +13,36 @@ before the first), with the gradient norm clipped to ``grad_clip``.
 
 A run is deterministic for a given seed on CPU: the policy's initial weights come from
 ``torch.manual_seed(seed)`` (the caller's torch random state is left as it was), the
-sampling from ``numpy.random.default_rng(seed)``, and torch runs single-threaded.
+sampling from ``numpy.random.default_rng(seed)``, and torch and numpy's BLAS run on
+``threads`` threads (one).
+
+The graph network, the loss's gradient and the Adam step run in numpy with hand-derived
+gradients (`NumpyNetwork`) or, with ``network="torch"``, in torch with autograd and
+`FlatAdam` (the reference, and the path of the bundled RL study; the ``sage`` encoder
+always runs there). The two agree to float rounding, so a run with a given seed may
+follow another trajectory under each.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from numba import njit
+from threadpoolctl import ThreadpoolController
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.rl.env import MEMORY_MODES, PlacementEnv
 from travorder.placement.rl.episode import Episode, play_episode
+from travorder.placement.rl.network import NumpyNetwork
 from travorder.placement.rl.policy import (
     EpisodeHead,
     PlacementPolicy,
@@ -44,6 +53,10 @@ from travorder.placement.rl.policy import (
 from travorder.placement.simulator import Simulator
 
 ENCODERS = ("placeto", "sage")
+
+#: Where the policy's network, gradient and Adam step run: numpy (`NumpyNetwork`) or
+#: torch (`TorchNetwork`, the reference; the same up to float rounding, slower).
+NETWORKS = ("numpy", "torch")
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,8 @@ class RLConfig:
     how many recent training episodes the per-step baseline averages; ``gamma``: discount
     of the returns; ``encoder``: ``"placeto"`` or ``"sage"``; ``dim`` / ``hidden``:
     widths of the graph network and of the head; ``memory`` / ``memory_penalty`` /
-    ``colocate``: see `PlacementEnv`; ``threads``: torch threads during the run.
+    ``colocate``: see `PlacementEnv`; ``threads``: torch and BLAS threads during the run;
+    ``network``: ``"numpy"`` or ``"torch"`` (`NETWORKS`; see the module).
     """
 
     episodes: int = 50
@@ -78,6 +92,7 @@ class RLConfig:
     memory_penalty: float = 10.0
     colocate: bool = True
     threads: int = 1
+    network: str = "numpy"
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -105,6 +120,7 @@ class RLConfig:
             (self.memory_penalty >= 0 and math.isfinite(self.memory_penalty),
              "memory_penalty must be non-negative"),
             (self.threads >= 1, "threads must be at least 1"),
+            (self.network in NETWORKS, f"network must be one of {', '.join(NETWORKS)}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -262,6 +278,71 @@ class FlatAdam:
         self.flat.addcdiv_(self.exp_avg, denom, value=-step_size)
 
 
+class TorchNetwork:
+    """The policy in torch, trained with autograd and `FlatAdam`: the reference for
+    `NumpyNetwork`, with the same methods."""
+
+    def __init__(self, policy: PlacementPolicy, pg: PolicyGraph, lr: float,
+                 grad_clip: float) -> None:
+        self.policy, self.pg = policy, pg
+        self.optimizer = FlatAdam(policy, lr, grad_clip)
+
+    def node_table(self, x: np.ndarray, grad: bool = True) -> torch.Tensor:
+        """The episode table of the features ``x``, with gradients if ``grad``."""
+        with torch.set_grad_enabled(grad):
+            return self.policy.node_table(torch.from_numpy(x), self.pg)
+
+    def episode_head(self, table: torch.Tensor) -> EpisodeHead:
+        return EpisodeHead.of_policy(self.policy, table.detach())
+
+    def loss(self, table: torch.Tensor, nodes: np.ndarray, contexts: np.ndarray,
+             masks: np.ndarray, actions: np.ndarray, advantage: np.ndarray,
+             entropy_coef: float) -> torch.Tensor:
+        """The REINFORCE loss over the decisions at ``nodes`` (see the module)."""
+        logits = self.policy(table[nodes], torch.from_numpy(contexts))
+        allowed = torch.from_numpy(masks)
+        log_p = torch.log_softmax(logits.masked_fill(~allowed, -torch.inf), dim=-1)
+        log_p = log_p.masked_fill(~allowed, 0.0)
+        taken = log_p.gather(1, torch.from_numpy(actions)[:, None])[:, 0]
+        entropy = -(log_p.exp() * log_p).sum(dim=-1)
+        return -(torch.from_numpy(advantage) * taken).mean() - entropy_coef * entropy.mean()
+
+    def update(self, table: torch.Tensor, nodes: np.ndarray, contexts: np.ndarray,
+               masks: np.ndarray, actions: np.ndarray, advantage: np.ndarray,
+               entropy_coef: float) -> None:
+        """One Adam step on the REINFORCE loss over the decisions at ``nodes``."""
+        loss = self.loss(table, nodes, contexts, masks, actions, advantage, entropy_coef)
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
+
+
+class ReturnsWindow:
+    """The returns of the latest ``window`` sampled episodes (``n`` steps each; at most
+    ``episodes`` are appended), kept oldest first in rows of one array, so that `mean`
+    is ``np.mean`` over them without stacking them each time (the same sums, in the
+    same order, as over a deque of them)."""
+
+    def __init__(self, window: int, n: int, episodes: int) -> None:
+        self.window = window
+        self._rows = np.zeros((max(min(episodes, 2 * window), 1), n))
+        self._kept = 0
+
+    def mean(self) -> np.ndarray:
+        """The per-step mean over the window; zeros before the first episode."""
+        if not self._kept:
+            return np.zeros(self._rows.shape[1])
+        return np.mean(self._rows[max(self._kept - self.window, 0):self._kept], axis=0)
+
+    def append(self, returns: np.ndarray) -> None:
+        if self._kept == len(self._rows):  # full: keep the latest window - 1, in order
+            keep = self.window - 1
+            self._rows[:keep] = self._rows[self._kept - keep:self._kept]
+            self._kept = keep
+        self._rows[self._kept] = returns
+        self._kept += 1
+
+
 def _choose(logits: np.ndarray, mask: np.ndarray, greedy: bool,
             rng: np.random.Generator) -> int:
     z = np.where(mask, logits, -np.inf)
@@ -298,6 +379,13 @@ def _play_stepwise(env: PlacementEnv, obs: dict[str, Any], context: StepContext,
     return Episode(nodes, contexts, masks, actions, rewards, env.simulations - sims), info
 
 
+@functools.cache
+def _threadpools() -> ThreadpoolController:
+    """The loaded thread pools (BLAS's among them), found once: finding them reads the
+    process's memory map (milliseconds)."""
+    return ThreadpoolController()
+
+
 #: How an episode is played: in one compiled call, or step by step through the
 #: Gymnasium API (the reference; the same results, slower).
 ENGINES = ("compiled", "stepwise")
@@ -318,7 +406,8 @@ def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
     threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
     try:
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), _threadpools().limit(
+                limits=config.threads, user_api="blas"):
             torch.manual_seed(seed)
             return _train(graph, cluster, order, seed, config, simulator, engine)
     finally:
@@ -336,10 +425,14 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     pg = PolicyGraph(graph, env.sim.compute_us.mean(axis=1))
     policy = PlacementPolicy(n_dev, encoder=config.encoder, dim=config.dim,
                              hidden=config.hidden)
-    optimizer = FlatAdam(policy, config.lr, config.grad_clip)
+    net: NumpyNetwork | TorchNetwork
+    if config.network == "numpy" and config.encoder == "placeto":
+        net = NumpyNetwork(policy, pg, config.lr, config.grad_clip, rows=env.deciders())
+    else:
+        net = TorchNetwork(policy, pg, config.lr, config.grad_clip)
     context = StepContext(pg, n_dev)
     rng = np.random.default_rng(seed)
-    recent_returns: deque[np.ndarray] = deque(maxlen=config.baseline_window)
+    recent_returns = ReturnsWindow(config.baseline_window, n, config.episodes)
     curve, best_curve, greedy_flags = [], [], []
     play_s = network_s = update_s = 0.0
 
@@ -355,10 +448,9 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
 
         # The episode's fixed features go through the graph network once.
         t0 = time.perf_counter()
-        x = torch.from_numpy(static_features(pg, obs["placement"], obs["start"], n_dev))
-        with torch.set_grad_enabled(not greedy):
-            table = policy.node_table(x, pg)
-        head = EpisodeHead(policy, table.detach())
+        x = static_features(pg, obs["placement"], obs["start"], n_dev)
+        table = net.node_table(x, grad=not greedy)
+        head = net.episode_head(table)
         context.reset(obs["placement"])
         t1 = time.perf_counter()
         network_s += t1 - t0
@@ -381,23 +473,15 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         # REINFORCE with a per-step baseline over recent episodes.
         t0 = time.perf_counter()
         returns = returns_to_go(rewards, config.gamma)
-        baseline = np.mean(recent_returns, axis=0) if recent_returns else np.zeros(n)
+        baseline = recent_returns.mean()
         recent_returns.append(returns)
         steps = np.flatnonzero(masks.sum(axis=1) > 1)
         if steps.size == 0:
             update_s += time.perf_counter() - t0
             continue
-        advantage = torch.from_numpy((returns - baseline)[steps].astype(np.float32))
-        logits = policy(table[nodes[steps]], torch.from_numpy(contexts[steps]))
-        allowed = torch.from_numpy(masks[steps])
-        log_p = torch.log_softmax(logits.masked_fill(~allowed, -torch.inf), dim=-1)
-        log_p = log_p.masked_fill(~allowed, 0.0)
-        taken = log_p.gather(1, torch.from_numpy(actions[steps])[:, None])[:, 0]
-        entropy = -(log_p.exp() * log_p).sum(dim=-1)
-        loss = -(advantage * taken).mean() - config.entropy_coef * entropy.mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+        advantage = (returns - baseline)[steps].astype(np.float32)
+        net.update(table, nodes[steps], contexts[steps], masks[steps], actions[steps],
+                   advantage, config.entropy_coef)
         update_s += time.perf_counter() - t0
 
     wall = time.perf_counter() - start
