@@ -26,7 +26,7 @@ from numba import njit
 
 from travorder.placement.rl.env import PlacementEnv
 from travorder.placement.rl.policy import EpisodeHead, StepContext, _context
-from travorder.placement.simulator import _overflow, _simulate
+from travorder.placement.simulator import _overflow, _run, _workspace
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,9 +48,10 @@ def _log(cost):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _evaluate(place, capacity, penalty, sim):  # pragma: no cover - compiled
-    """(cost, step time, feasible, overflow) of one placement, as `PlacementEnv`."""
-    res = _simulate(place, *sim)
+def _evaluate(place, capacity, penalty, ws, sim):  # pragma: no cover - compiled
+    """(cost, step time, feasible, overflow) of one placement, as `PlacementEnv`, simulated
+    in the workspace ``ws`` (`_workspace`) with the simulator's arguments ``sim``."""
+    res = _run(ws, place, False, *sim)
     step = res[0]
     feasible = np.all(res[4] <= capacity)
     over = _overflow(res[4], capacity)
@@ -118,6 +119,7 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
     n = order.size
     n_dev = masks.shape[1]
     decided = np.zeros(bounds.size - 1, dtype=np.bool_)
+    ws = _workspace(n, sim[3].size, n_dev, False)  # sim[3]: the out-edges
     cand = place.copy()
     c_cost = np.empty(n_dev)
     c_step = np.empty(n_dev)
@@ -154,7 +156,7 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
                 else:
                     for k in range(lo, hi):
                         cand[by_group[k]] = d
-                    cost, step, feasible, over = _evaluate(cand, capacity, penalty, sim)
+                    cost, step, feasible, over = _evaluate(cand, capacity, penalty, ws, sim)
                     sims += 1
                 c_cost[d] = cost
                 c_step[d] = step
@@ -183,7 +185,7 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
             if simulated:
                 cost, step, feasible, over = c_cost[d], c_step[d], c_feas[d], c_over[d]
             else:
-                cost, step, feasible, over = _evaluate(place, capacity, penalty, sim)
+                cost, step, feasible, over = _evaluate(place, capacity, penalty, ws, sim)
                 sims += 1
             state[0], state[1], state[2], state[3] = cost, step, feasible, over
             rewards[t] = _log(old) - _log(cost)
@@ -218,13 +220,12 @@ def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, gre
     w2, b2, w3, b3 = (a for layer in head._layers for a in layer)
     reset_cands = (np.zeros((0, n_dev)) if env._cand is None else
                    np.stack([env._cand.step_time_us, env._cand.feasible, env._cand.overflow]))
-    sim = (False, *env.sim._args)
     used, sims = _play(env.order, env._group, env._by_group, env._bounds, env.placement,
                        state, best, env.memory == "mask" and not env.always_fits,
-                       env.capacity, env.memory_penalty, sim, context._rows, context._total,
-                       context._cost, context.pg.set_ptr, context.pg.set_idx, head._first,
-                       head._context, w2, b2, w3, b3, greedy, uniforms, reset_cands,
-                       contexts, masks, actions, rewards)
+                       env.capacity, env.memory_penalty, env.sim._args, context._rows,
+                       context._total, context._cost, context.pg.set_ptr,
+                       context.pg.set_idx, head._first, head._context, w2, b2, w3, b3, greedy,
+                       uniforms, reset_cands, contexts, masks, actions, rewards)
     if not greedy:
         rng.bit_generator.state = saved
         rng.random(used)
