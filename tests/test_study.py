@@ -216,6 +216,21 @@ def test_runner_argument_errors(tmp_path):
         ResultStore(tmp_path / "junk.sqlite")
 
 
+def test_every_bundled_spec_passes_the_runners_preflight():
+    """Each shipped spec's placer runs with its options on each of its clusters (as
+    `run_study` checks before it writes anything): the paper preset is pinned to k80x3."""
+    from travorder.study import runner
+
+    specs = sorted((Path(runner.__file__).parent / "specs").glob("*.toml"))
+    assert len(specs) >= 10
+    for path in specs:
+        runner._preflight(load_spec(path))
+    four = spec(placer={"name": "rl", "options": {"preset": "paper"}},
+                clusters=["v100x4-nvlink"])
+    with pytest.raises(TravorderError, match="paper preset is the study's setting on 3"):
+        runner._preflight(four)
+
+
 def test_a_bad_placer_option_writes_nothing(tmp_path):
     bad = spec(placer={"name": "rl", "options": {"episodes": -3}})
     store = tmp_path / "s.sqlite"
