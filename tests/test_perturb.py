@@ -136,7 +136,7 @@ def test_perturbation_names_and_definitions():
 
 
 def test_bundled_scenarios_keep_their_definitions():
-    for which in ("greedy", "rl", "greedy-perturbed"):
+    for which in ("greedy", "rl", "greedy-perturbed", "rl-perturbed"):
         for text in set(bundled_dataset(which)["scenario_def"]):
             s = Scenario.from_dict(json.loads(text))
             assert json.dumps(s.to_dict(), sort_keys=True) == text

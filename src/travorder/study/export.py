@@ -65,6 +65,7 @@ BUNDLED_DATASETS = {
            "rl-pipelined-3.parquet", "rl-pipelined-4.parquet", "rl-full-1.parquet",
            "rl-4gpu-1.parquet"),
     "greedy-perturbed": ("greedy-perturbed.parquet",),
+    "rl-perturbed": ("rl-perturbed.parquet",),
 }
 
 _GROUP = ["graph_hash", "graph_name", "scenario", "cluster", "cluster_hash", "placer",
@@ -311,8 +312,8 @@ def dataset_orders(data: Any) -> list[str]:
 
 
 def bundled_dataset(name: str = "greedy") -> Any:
-    """A dataset of the bundled study (``"greedy"``, ``"rl"`` or ``"greedy-perturbed"``, its
-    parts concatenated; see docs/study.md)."""
+    """A dataset of the bundled study (``"greedy"``, ``"rl"``, ``"greedy-perturbed"`` or
+    ``"rl-perturbed"``, its parts concatenated; see docs/study.md)."""
     if name not in BUNDLED_DATASETS:
         raise TravorderError(f"unknown bundled dataset {name!r} (expected "
                              f"{', '.join(BUNDLED_DATASETS)})")
