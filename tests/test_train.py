@@ -102,7 +102,7 @@ def test_shipped_rl_model_learned_from_the_coarsened_rl_study():
     assert manifest["placer"] == "rl" and manifest["coarsen_max_nodes"] == 200
     data = resources.files("travorder.study").joinpath("data")
     parts = ("rl.parquet", *(f"rl-pipelined-{i}.parquet" for i in range(1, 5)),
-             "rl-4gpu-1.parquet")
+             "rl-4gpu-1.parquet", "rl-4gpu-2.parquet")
     frame = read_sources([Path(str(data / p)) for p in parts])
     assert data_hash(frame) == manifest["data_hash"]  # the coarsened parts, exactly
     vs = manifest["vs_best_fixed"]
