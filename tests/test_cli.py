@@ -528,6 +528,18 @@ def test_tables_are_not_cut_when_stdout_is_not_a_terminal(capsys):
         assert f" {entry['name']} " in out and f" {entry['source']} " in out
 
 
+@pytest.mark.parametrize("command", [["evaluate"], ["train"], ["study", "report"]])
+def test_data_help_names_every_bundled_dataset(capsys, monkeypatch, command):
+    from travorder.study.export import BUNDLED_DATASETS
+
+    monkeypatch.setenv("COLUMNS", "300")  # no line break inside a name
+    with pytest.raises(SystemExit) as info:
+        main([*command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert info.value.code == 0 and "bundled:NAME" in out
+    assert all(f" {name}" in out for name in BUNDLED_DATASETS), out
+
+
 def test_place_help_lists_placers_orders_and_defaults(capsys):
     from travorder.placement.orders import ORDERS
     from travorder.placement.placers import PLACERS

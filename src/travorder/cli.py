@@ -442,6 +442,10 @@ def cmd_zoo_build(args: argparse.Namespace) -> None:
           "corpus's zoo_failures.json)")
 
 
+#: The bundled study datasets (`travorder.study.export.BUNDLED_DATASETS`), for --help.
+_BUNDLED = "bundled:NAME (greedy, rl, greedy-perturbed or rl-perturbed)"
+
+
 # --------------------------------------------------------------------------- predictor
 def _print_evaluation(ev: Any, per_family: bool, methods: Sequence[str] | None = None) -> None:
     """The evaluation table, the breakdown per scenario and cluster and the families where
@@ -532,13 +536,10 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
 
 def _blocks(text: str) -> list[str]:
-    from travorder.predictor.structure import BLOCKS
+    from travorder.predictor.structure import check_blocks
 
     blocks = [b.strip() for b in text.split(",") if b.strip()]
-    bad = [b for b in blocks if b not in BLOCKS]
-    if bad:
-        raise TravorderError(f"unknown feature block {bad[0]!r} (expected "
-                             f"{', '.join(BLOCKS)})")
+    check_blocks(blocks)
     return blocks
 
 
@@ -673,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     data_opts = argparse.ArgumentParser(add_help=False)
     data_opts.add_argument("--data", nargs="+", default=["bundled:greedy"], metavar="SRC",
                            help="result stores (.sqlite), datasets (.parquet/.csv) or "
-                                "bundled:greedy / bundled:rl (default: bundled:greedy)")
+                                f"{_BUNDLED} (default: bundled:greedy)")
     data_opts.add_argument("--placer", help="learn from this placer's results")
     data_opts.add_argument("--kinds", default="classifier,regressor,ranker",
                            help="predictor kinds to compare (comma-separated)")
@@ -751,7 +752,7 @@ def build_parser() -> argparse.ArgumentParser:
     q = ssub.add_parser("report", help="write an HTML report with figures")
     q.add_argument("sources", nargs="+", metavar="SRC",
                    help="result stores (.sqlite), exported datasets (.parquet/.csv) or "
-                        "bundled:greedy / bundled:rl; timelines and learning curves come "
+                        f"{_BUNDLED}; timelines and learning curves come "
                         "from the stores")
     q.add_argument("--out", required=True, help="directory for index.html and the figures")
     q.add_argument("--study", help="of a store, only the latest run of this study (spec name)")

@@ -218,14 +218,19 @@ class GraphNet:
                         zip(self.orders, self.head(emb, c), strict=True)} for c in clusters]
 
 
+def check_blocks(blocks: Sequence[str]) -> None:
+    """Refuse a feature block name that is not one of `BLOCKS`."""
+    unknown = sorted(set(blocks) - set(BLOCKS))
+    if unknown:
+        raise FormatError(f"unknown feature block {unknown[0]!r} (this travorder knows "
+                          f"{', '.join(BLOCKS)})")
+
+
 def extra_features(g: OpGraph, cluster: Mapping[str, float], blocks: Sequence[str],
                    net: GraphNet | None = None, orders: Sequence[str] = ()) -> dict[str, Any]:
     """The extra feature columns of `BLOCKS` ``blocks`` for graph ``g`` (as the study
     prepared it) on a cluster (its ``c_`` columns)."""
-    unknown = set(blocks) - set(BLOCKS)
-    if unknown:
-        raise FormatError(f"unknown feature block {sorted(unknown)[0]!r} (this travorder "
-                          f"knows {', '.join(BLOCKS)})")
+    check_blocks(blocks)
     out: dict[str, Any] = {}
     if "order_stats" in blocks:
         from travorder.placement.orders import traversal_order
