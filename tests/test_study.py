@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from travorder.datasets.synthetic import chain, rnn
@@ -24,7 +25,12 @@ from travorder.placement.placers.heuristics import greedy
 from travorder.study import ResultStore, StudySpec, load_spec, run_study
 from travorder.study.export import dataset_frame, export_dataset, load_dataset, read_sources
 from travorder.study.jobs import make_job, run_job
-from travorder.study.report import recommendations, scenario_summary, write_report
+from travorder.study.report import (
+    granularity,
+    recommendations,
+    scenario_summary,
+    write_report,
+)
 from travorder.study.store import OUTCOME_COLUMNS, decode_placement
 
 SMALL = {
@@ -518,6 +524,18 @@ def test_report_of_several_sources_keeps_coarsening_levels_apart(tmp_path):
     summary = scenario_summary(read_sources([tmp_path / "c.parquet", tmp_path / "h.sqlite"]))
     assert sorted(summary["coarsening"]) == ["<=200 nodes", "none"]
     assert summary["rows"].tolist() == [1, 1]
+    # the same graph at both levels: compared; the coarse copy's gaps changed by hand
+    assert "The order effect at both coarsening levels" in page
+    coarse = coarse.assign(gap_worst=0.01, best_order="alpha")
+    other = coarse.assign(graph="only_coarse")  # at one level only: not compared
+    both = granularity(pd.concat([coarse, other, load_dataset(tmp_path / "h.parquet")]))
+    assert both[["coarsening", "rows", "order_matters_5pct", "best_orders"]].to_dict(
+        "records") == [
+        {"coarsening": "<=200 nodes", "rows": 1, "order_matters_5pct": 0.0,
+         "best_orders": "alpha 1"},
+        {"coarsening": "none", "rows": 1, "order_matters_5pct": 1.0, "best_orders": "bfs 1"}]
+    assert both["median_gap_worst"].tolist() == [0.01, pytest.approx(305 / 95 - 1)]
+    assert both["beyond_noise"].tolist() == [0.0, 0.0]
 
 
 def test_report_draws_rl_learning_curves(tmp_path):
