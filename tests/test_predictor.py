@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -426,6 +427,23 @@ def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_di
                              if r <= low + p.tie_tolerance_}
     assert rec.order == rec.tied[0] and rec.runner_up not in rec.tied
     assert rec.confidence in ("high", "low") and rec.verified is None and not rec.exact
+
+
+def test_every_order_tied_names_the_safest_and_no_runner_up(capsys, model_dir, onnx_model,
+                                                            tmp_path):
+    wide = tmp_path / "wide"
+    shutil.copytree(model_dir, wide)
+    manifest = json.loads((wide / "manifest.json").read_text())
+    manifest["tie_tolerance_used"] = 10.0  # every order within the predictor's noise
+    (wide / "manifest.json").write_text(json.dumps(manifest))
+    p, _ = OrderPredictor.load(wide)
+    rec = recommend_order(onnx_model, "k80x3", predictor=str(wide))
+    safest = p.classes_[p.mean_regret_.argmin()]
+    assert sorted(rec.tied) == sorted(ORDERS) and rec.order == safest
+    code, out, _ = _run(capsys, onnx_model, "--predictor", str(wide))
+    assert code == 0
+    assert f"(first: {safest}, the safest: lowest mean regret in training)" in out
+    assert f"runner-up:         none: all {len(ORDERS)} orders are tied" in out
 
 
 def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_model):

@@ -45,7 +45,8 @@ class Recommendation:
     checked one; ``tied``: the orders that are as good within noise ("any of"), ``order``
     first, and ``tie_margin`` how far apart they are at most (relative); ``probability``:
     the predictor's probability that ``order`` is the best; ``runner_up_regret``: the
-    regret of the next order outside the tied set (measured when both were checked);
+    regret of the next order outside the tied set (measured when both were checked; when
+    every order is tied, of the second tied order);
     ``confidence``: ``"high"`` or ``"low"`` (an unchecked recommendation whose
     probability is under one half or whose graph or cluster lies outside the training
     data); ``warnings``: the features outside the training data's range;

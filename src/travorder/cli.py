@@ -843,8 +843,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     checked = rec.verified is not None
     if len(rec.tied) > 1:
         what = "measured" if checked else "predicted"
+        why = "the fastest" if checked else "the safest: lowest mean regret in training"
         print(f"recommended order: any of {', '.join(rec.tied)}: {what} within "
-              f"{100 * rec.tie_margin:.1f}% of each other (first: {rec.order})")
+              f"{100 * rec.tie_margin:.1f}% of each other (first: {rec.order}, {why})")
     else:
         print(f"recommended order: {rec.order}")
     if checked:
@@ -858,7 +859,10 @@ def cmd_recommend(args: argparse.Namespace) -> None:
               f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")
     how = "measured regret" if checked and rec.runner_up in rec.verified \
         else "expected regret" + (", not checked" if checked else "")
-    print(f"runner-up:         {rec.runner_up}  ({how} {100 * rec.runner_up_regret:.1f}%)")
+    if rec.runner_up in rec.tied:
+        print(f"runner-up:         none: all {len(rec.tied)} orders are tied")
+    else:
+        print(f"runner-up:         {rec.runner_up}  ({how} {100 * rec.runner_up_regret:.1f}%)")
     for line in rec.warnings[:3]:
         print(f"warning: {line}")
     if len(rec.warnings) > 3:
