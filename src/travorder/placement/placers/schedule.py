@@ -27,6 +27,21 @@ from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster, compute_times
 
 
+def colocation_groups(graph: OpGraph, colocate: bool = True) -> np.ndarray:
+    """The group (0, 1, ...) of each node: one per colocation id, and every other node
+    (every node, if not ``colocate``) a group of its own.
+
+    >>> g = OpGraph(["a", "b", "c"], [], [], colocation=[5, -1, 5])
+    >>> colocation_groups(g).tolist(), colocation_groups(g, colocate=False).tolist()
+    ([0, 1, 0], [0, 1, 2])
+    """
+    n = graph.n_nodes
+    group = graph.colocation.copy() if colocate else np.full(n, -1, dtype=np.int64)
+    free = group < 0
+    group[free] = group.max(initial=-1) + 1 + np.arange(int(free.sum()))
+    return np.unique(group, return_inverse=True)[1]
+
+
 class DeviceBook:
     """Device per node (``device``, -1 while unplaced) and estimated memory per device."""
 
@@ -39,11 +54,7 @@ class DeviceBook:
         self.capacity = [d.memory for d in cluster.devices]
         self.used = [0.0] * n_dev
         own = graph.param_bytes * cluster.param_copies + graph.output_bytes
-        # a group per colocation id; every other node is a group of its own
-        group = graph.colocation.copy() if colocate else np.full(n, -1, dtype=np.int64)
-        free = group < 0
-        group[free] = group.max(initial=-1) + 1 + np.arange(int(free.sum()))
-        _, self.group = np.unique(group, return_inverse=True)
+        self.group = colocation_groups(graph, colocate)
         self.group_memory = np.bincount(self.group, weights=own).tolist()
         self.group_device = [-1] * len(self.group_memory)
         self.edges_in = self._edge_lists(graph.in_edges_csr, graph.src)

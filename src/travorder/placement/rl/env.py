@@ -50,7 +50,7 @@ from gymnasium import spaces
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
-from travorder.placement.placers.schedule import DeviceBook
+from travorder.placement.placers.schedule import colocation_groups
 from travorder.placement.simulator import BatchResult, Simulator
 
 MEMORY_MODES = ("mask", "penalty")
@@ -130,7 +130,7 @@ class PlacementEnv(gym.Env):
         self.always_fits = bool(worst_case_memory(graph, cluster) <= self.capacity.min())
         n, n_dev = graph.n_nodes, cluster.n_devices
         self.n_devices = n_dev
-        group = DeviceBook(graph, cluster, colocate).group
+        group = colocation_groups(graph, colocate)
         by_group = np.argsort(group, kind="stable")
         bounds = np.searchsorted(group[by_group], np.arange(group.max() + 2))
         self._group, self._by_group, self._bounds = group, by_group, bounds
