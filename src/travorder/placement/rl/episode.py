@@ -83,8 +83,10 @@ def _choose(logits, mask, greedy, u):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _update_rows(rows, total, cost, v, lo, hi, by_group, device, n_dev):  # pragma: no cover
-    """`StepContext.update` for node ``v`` whose group ``by_group[lo:hi]`` is on ``device``."""
+def _update_rows(rows, on, total, cost, v, lo, hi, by_group, device,
+                 n_dev):  # pragma: no cover - compiled
+    """`StepContext.update` (``on``: its ``_device``) for node ``v`` whose group
+    ``by_group[lo:hi]`` is on ``device``."""
     if rows[v, 2 + device] == 1.0:
         total[1] += 1.0 - rows[v, 1]
         rows[v, 1] = 1.0
@@ -99,6 +101,7 @@ def _update_rows(rows, total, cost, v, lo, hi, by_group, device, n_dev):  # prag
         rows[w, 2:2 + 2 * n_dev] = 0.0
         rows[w, 2 + device] = 1.0
         rows[w, 2 + n_dev + device] = cost[w]
+        on[w] = device
     rows[v, 1] = 1.0
     after = np.zeros(width)
     for k in range(lo, hi):
@@ -108,8 +111,8 @@ def _update_rows(rows, total, cost, v, lo, hi, by_group, device, n_dev):  # prag
 
 @njit(cache=True)
 def _play(order, group, by_group, bounds, place, state, best_place, check_mask, capacity,
-          penalty, sim, rows, total, cost_norm, set_ptr, set_idx, first, ctx_w, w2, b2, w3,
-          b3, greedy, uniforms, reset_cands, contexts, masks, actions,
+          penalty, sim, rows, on, total, cost_norm, set_ptr, set_idx, first, ctx_w, w2, b2,
+          w3, b3, greedy, uniforms, reset_cands, contexts, masks, actions,
           rewards):  # pragma: no cover - compiled
     """Play one episode in place; ``state`` is ``[cost, step, feasible, overflow,
     best_cost, best_step, best_feasible, best_overflow]``; ``reset_cands`` holds the
@@ -135,7 +138,7 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
         if decided[gid]:  # forced: the group's device was chosen earlier
             masks[t, here] = True
             actions[t] = here
-            _update_rows(rows, total, cost_norm, v, lo, hi, by_group, here, n_dev)
+            _update_rows(rows, on, total, cost_norm, v, lo, hi, by_group, here, n_dev)
             continue
         simulated = False
         if check_mask:  # every candidate simulated: the mask, and the chosen one's cost
@@ -169,7 +172,7 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
         else:
             masks[t, :] = True
         if masks[t].sum() > 1:
-            ctx = _context(v, rows, total, set_ptr, set_idx, n_dev)
+            ctx = _context(v, rows, on, total, set_ptr, set_idx, n_dev)
             contexts[t] = ctx
             logits = _head(v, ctx, first, ctx_w, w2, b2, w3, b3)
             d = _choose(logits, masks[t], greedy, uniforms[used] if not greedy else 0.0)
@@ -195,7 +198,7 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
                 best_place[:] = place
                 state[4:8] = state[0:4]
         decided[gid] = True
-        _update_rows(rows, total, cost_norm, v, lo, hi, by_group, d, n_dev)
+        _update_rows(rows, on, total, cost_norm, v, lo, hi, by_group, d, n_dev)
     return used, sims
 
 
@@ -223,7 +226,7 @@ def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, gre
     used, sims = _play(env.order, env._group, env._by_group, env._bounds, env.placement,
                        state, best, env.memory == "mask" and not env.always_fits,
                        env.capacity, env.memory_penalty, env.sim._args, context._rows,
-                       context._total, context._cost, context.pg.set_ptr,
+                       context._device, context._total, context._cost, context.pg.set_ptr,
                        context.pg.set_idx, head._first, head._context, w2, b2, w3, b3, greedy,
                        uniforms, reset_cands, contexts, masks, actions, rewards)
     if not greedy:

@@ -255,19 +255,44 @@ def static_features(pg: PolicyGraph, placement: np.ndarray, start_us: np.ndarray
 
 
 @njit(cache=True)
-def _context(v, rows, total, ptr, idx, n_devices):  # pragma: no cover - compiled
+def _context(v, rows, device, total, ptr, idx, n_devices):  # pragma: no cover - compiled
     n_sets, width = ptr.shape[0] + 2, rows.shape[1]
+    d = n_devices
     sums = np.zeros((n_sets, width))
     sums[0] = rows[v]
     for k in range(ptr.shape[0]):
+        # The columns' sums over the members, in the members' order: the count, and the
+        # cost column; per member only its done flag and its cost on its device (the
+        # other one-hot columns add exact zeros). The running sum of the device in hand
+        # stays in a register until the device changes.
+        row = sums[k + 1]
+        done = 0.0
+        cost = 0.0
+        here = -1
+        acc = 0.0
+        run = 0
         for j in range(ptr[k, v], ptr[k, v + 1]):
             u = idx[j]
-            for c in range(width):  # element by element: no row view per member
-                sums[k + 1, c] += rows[u, c]
+            p = device[u]
+            if p != here:
+                if here >= 0:
+                    row[2 + d + here] = acc
+                    row[2 + here] += run
+                here, acc, run = p, row[2 + d + p], 0
+            c = rows[u, width - 1]
+            acc += c
+            run += 1
+            cost += c
+            done += rows[u, 1]
+        if here >= 0:
+            row[2 + d + here] = acc
+            row[2 + here] += run
+        row[0] = ptr[k, v + 1] - ptr[k, v]
+        row[1] = done
+        row[width - 1] = cost
     # the parallel set by difference; its sums may keep rounding residue when it is empty
     sums[n_sets - 1] = total - sums[0] - sums[3] - sums[4]
     tiny = 1e-9 * total[width - 1]
-    d = n_devices
     out = np.zeros((n_sets, 1 + 2 * d), dtype=np.float32)
     for k in range(n_sets):
         if sums[k, 0] > 0.5:
@@ -296,6 +321,7 @@ class StepContext:
         self._rows = np.zeros((pg.n_nodes, 3 + 2 * n_devices))
         self._rows[:, 0] = 1.0
         self._rows[:, -1] = self._cost
+        self._device = np.zeros(pg.n_nodes, dtype=np.int64)  # the one-hot's column
 
     def reset(self, placement: np.ndarray) -> None:
         """Start an episode from ``placement``: nothing is done yet."""
@@ -304,6 +330,7 @@ class StepContext:
         rows = np.arange(self.pg.n_nodes)
         r[rows, 2 + placement] = 1.0
         r[rows, 2 + d + placement] = self._cost
+        self._device[:] = placement
         self._total = r.sum(axis=0)
 
     def update(self, v: int, nodes: np.ndarray, device: int) -> None:
@@ -318,13 +345,14 @@ class StepContext:
         r[nodes, 2:2 + 2 * d] = 0.0
         r[nodes, 2 + device] = 1.0
         r[nodes, 2 + d + device] = self._cost[nodes]
+        self._device[nodes] = device
         r[v, 1] = 1.0
         self._total += r[nodes].sum(axis=0)
 
     def __call__(self, v: int) -> np.ndarray:
         """The context vector of node ``v`` (``width`` float32 numbers)."""
-        return _context(v, self._rows, self._total, self.pg.set_ptr, self.pg.set_idx,
-                        self.n_devices)
+        return _context(v, self._rows, self._device, self._total, self.pg.set_ptr,
+                        self.pg.set_idx, self.n_devices)
 
 
 def _mlp(*sizes: int) -> nn.Sequential:
