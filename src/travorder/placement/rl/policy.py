@@ -216,6 +216,9 @@ class PolicyGraph:
         n_anc, n_desc = anc.sum(axis=1), desc.sum(axis=1)
         self.set_sizes = torch.from_numpy(
             np.stack([n_anc, n_desc, n - 1 - n_anc - n_desc], axis=1).astype(np.float32))
+        # the columns of `static_features` that no episode changes, one row each
+        self.fixed_features = np.stack([_max_normalised(self.cost),
+                                        _max_normalised(self.out_size)]).astype(np.float32)
         self._inverse: dict[int, torch.Tensor] = {}
 
     def inverse_sizes(self, dim: int) -> torch.Tensor:
@@ -248,8 +251,8 @@ def static_features(pg: PolicyGraph, placement: np.ndarray, start_us: np.ndarray
     are zero for every node when an episode starts; they enter through `StepContext`.)
     """
     x = np.zeros((pg.n_nodes, 3 + n_devices), dtype=np.float32)
-    for j, col in enumerate((pg.cost, pg.out_size, np.asarray(start_us, dtype=np.float64))):
-        x[:, j] = _max_normalised(col)
+    x[:, 0], x[:, 1] = pg.fixed_features
+    x[:, 2] = _max_normalised(np.asarray(start_us, dtype=np.float64))
     x[np.arange(pg.n_nodes), 3 + np.asarray(placement)] = 1.0
     return x
 
@@ -302,6 +305,24 @@ def _context(v, rows, device, total, ptr, idx, n_devices):  # pragma: no cover -
     return out.reshape(-1)
 
 
+@njit(cache=True)
+def _reset_rows(rows, device, placement, cost):  # pragma: no cover - compiled
+    """`StepContext.reset`: no node done, each on its device of ``placement``; returns
+    the rows' column sums, added row after row (as ``rows.sum(axis=0)`` adds them)."""
+    n, width = rows.shape
+    d = (width - 3) // 2
+    total = np.zeros(width)
+    for v in range(n):
+        rows[v, 1:width - 1] = 0.0
+        p = placement[v]
+        rows[v, 2 + p] = 1.0
+        rows[v, 2 + d + p] = cost[v]
+        device[v] = p
+        for c in range(width):
+            total[c] += rows[v, c]
+    return total
+
+
 class StepContext:
     """The per-step features of the current node's surroundings; no parameters.
 
@@ -325,13 +346,8 @@ class StepContext:
 
     def reset(self, placement: np.ndarray) -> None:
         """Start an episode from ``placement``: nothing is done yet."""
-        r, d = self._rows, self.n_devices
-        r[:, 1:2 + 2 * d] = 0.0
-        rows = np.arange(self.pg.n_nodes)
-        r[rows, 2 + placement] = 1.0
-        r[rows, 2 + d + placement] = self._cost
-        self._device[:] = placement
-        self._total = r.sum(axis=0)
+        self._total = _reset_rows(self._rows, self._device, np.asarray(placement),
+                                  self._cost)
 
     def update(self, v: int, nodes: np.ndarray, device: int) -> None:
         """Node ``v`` has been decided and ``nodes`` (its group, ``v`` included) now sit
