@@ -214,6 +214,68 @@ def test_step_context_by_hand() -> None:
     assert ctx(3).reshape(6, 5)[5] == pytest.approx([2 / 3, 1 / 3, 2 / 3, 0.5, 0.5])
 
 
+def _reference_context(ctx: StepContext, v: int) -> np.ndarray:
+    """The step context of ``v`` from whole rows summed member by member, in the sets'
+    order (the parallel set by difference, as `_context` takes it)."""
+    rows, pg, d = ctx._rows, ctx.pg, ctx.n_devices
+    sums = [rows[v].copy()]
+    for k in range(pg.set_ptr.shape[0]):
+        acc = np.zeros(rows.shape[1])
+        for u in pg.set_idx[pg.set_ptr[k, v]:pg.set_ptr[k, v + 1]]:
+            acc = acc + rows[u]
+        sums.append(acc)
+    sums.append(ctx._total - sums[0] - sums[3] - sums[4])
+    out = np.zeros((len(sums), 1 + 2 * d), dtype=np.float32)
+    for k, s in enumerate(sums):
+        if s[0] > 0.5:
+            out[k, :1 + d] = s[1:2 + d] / s[0]
+            if s[-1] > 1e-9 * ctx._total[-1]:
+                out[k, 1 + d:] = s[2 + d:-1] / s[-1]
+    return out.reshape(-1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(random_dags(min_nodes=2, max_nodes=30), st.integers(0, 2**32 - 1),
+       st.integers(2, 4))
+def test_step_context_is_the_rows_summed_bit_for_bit(g: OpGraph, seed: int,
+                                                     n_devices: int) -> None:
+    # the context gathers each member's device and cost instead of its whole row
+    rng = np.random.default_rng(seed)
+    pg = PolicyGraph(g, rng.random(g.n_nodes) * 1e3)
+    ctx = StepContext(pg, n_devices)
+    ctx.reset(np.ones(g.n_nodes, dtype=np.int64))
+    ctx.update(0, np.arange(g.n_nodes), 0)  # rows the next reset must clear
+    placement = rng.integers(0, n_devices, g.n_nodes)
+    ctx.reset(placement)
+    cost = ctx._cost
+    onehot = np.eye(n_devices)[placement]
+    assert np.array_equal(ctx._rows, np.column_stack(
+        [np.ones(g.n_nodes), np.zeros(g.n_nodes), onehot, onehot * cost[:, None], cost]))
+    assert np.array_equal(ctx._total, ctx._rows.sum(axis=0))
+    assert np.array_equal(ctx._device, placement)
+    for v in rng.permutation(g.n_nodes).tolist():
+        for w in range(g.n_nodes):
+            assert np.array_equal(ctx(w), _reference_context(ctx, w))
+        group = np.union1d([v], rng.choice(g.n_nodes, rng.integers(0, 3)))
+        device = int(rng.integers(0, n_devices))
+        ctx.update(v, group, device)
+
+
+@settings(max_examples=20, deadline=None)
+@given(random_dags(min_nodes=1, max_nodes=30), st.integers(0, 2**32 - 1))
+def test_static_features_are_the_columns_divided_by_their_maximum(g: OpGraph,
+                                                                  seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    pg = PolicyGraph(g, rng.random(g.n_nodes) * 1e3)
+    placement, start = rng.integers(0, 3, g.n_nodes), rng.random(g.n_nodes) * 1e4
+    x = static_features(pg, placement, start, 3)
+    for j, col in enumerate((pg.cost, pg.out_size, start)):
+        top = col.max()
+        assert np.array_equal(x[:, j], (col / top if top > 0 else 0 * col).astype(np.float32))
+    assert np.array_equal(x[:, 3:], np.eye(3, dtype=np.float32)[placement])
+    assert x.dtype == np.float32
+
+
 def _reference_pass(x: torch.Tensor, layer: torch.nn.Module, pg_dir) -> torch.Tensor:
     """The Placeto recursion node by node in plain torch."""
     base = layer.update(x)

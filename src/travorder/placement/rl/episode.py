@@ -60,19 +60,48 @@ def _evaluate(place, capacity, penalty, ws, sim):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _head(v, ctx, first, ctx_w, w2, b2, w3, b3):  # pragma: no cover - compiled
-    h = np.maximum(first[v] + ctx_w @ ctx, np.float32(0.0))
-    h = np.maximum(w2 @ h + b2, np.float32(0.0))
-    return w3 @ h + b3
+def _matvec(w_t, x, out):  # pragma: no cover - compiled
+    """``out = w @ x`` from ``w``'s transpose: row by row of ``w_t``, contiguous and
+    vectorised, each output summing its terms in the order of ``x``."""
+    out[:] = 0.0
+    for j in range(x.size):
+        xj = x[j]
+        for i in range(out.size):
+            out[i] += w_t[j, i] * xj
 
 
 @njit(cache=True)
-def _choose(logits, mask, greedy, u):  # pragma: no cover - compiled
-    """The trainer's choice: argmax, or inverse-CDF sampling with ``u``, over ``mask``."""
-    z = np.where(mask, logits, np.float32(-np.inf))
+def _head(v, ctx, first, ctx_t, w2_t, b2, w3_t, b3, h1, h2,
+          logits):  # pragma: no cover - compiled
+    """`EpisodeHead` of node ``v`` into ``logits``, through the work rows ``h1``, ``h2``
+    (the weights transposed)."""
+    _matvec(ctx_t, ctx, h1)
+    for i in range(h1.size):
+        h1[i] = max(first[v, i] + h1[i], np.float32(0.0))
+    _matvec(w2_t, h1, h2)
+    for i in range(h2.size):
+        h2[i] = max(h2[i] + b2[i], np.float32(0.0))
+    _matvec(w3_t, h2, logits)
+    for i in range(logits.size):
+        logits[i] += b3[i]
+
+
+@njit(cache=True)
+def _choose(logits, mask, greedy, u, cdf):  # pragma: no cover - compiled
+    """The trainer's choice: argmax, or inverse-CDF sampling with ``u`` (``cdf``: a work
+    row), over ``mask``."""
+    top = np.float32(-np.inf)
+    best = 0
+    for a in range(mask.size):
+        if mask[a] and logits[a] > top:
+            top, best = logits[a], a
     if greedy:
-        return np.argmax(z)
-    cdf = np.cumsum(np.exp(z - z.max()))
+        return best
+    acc = np.float32(0.0)
+    for a in range(mask.size):
+        if mask[a]:
+            acc += np.exp(logits[a] - top)
+        cdf[a] = acc
     x = u * cdf[-1]
     a = 0
     while a < cdf.size and cdf[a] <= x:
@@ -83,8 +112,10 @@ def _choose(logits, mask, greedy, u):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _update_rows(rows, total, cost, v, lo, hi, by_group, device, n_dev):  # pragma: no cover
-    """`StepContext.update` for node ``v`` whose group ``by_group[lo:hi]`` is on ``device``."""
+def _update_rows(rows, on, total, cost, v, lo, hi, by_group, device,
+                 n_dev):  # pragma: no cover - compiled
+    """`StepContext.update` (``on``: its ``_device``) for node ``v`` whose group
+    ``by_group[lo:hi]`` is on ``device``."""
     if rows[v, 2 + device] == 1.0:
         total[1] += 1.0 - rows[v, 1]
         rows[v, 1] = 1.0
@@ -99,6 +130,7 @@ def _update_rows(rows, total, cost, v, lo, hi, by_group, device, n_dev):  # prag
         rows[w, 2:2 + 2 * n_dev] = 0.0
         rows[w, 2 + device] = 1.0
         rows[w, 2 + n_dev + device] = cost[w]
+        on[w] = device
     rows[v, 1] = 1.0
     after = np.zeros(width)
     for k in range(lo, hi):
@@ -108,8 +140,8 @@ def _update_rows(rows, total, cost, v, lo, hi, by_group, device, n_dev):  # prag
 
 @njit(cache=True)
 def _play(order, group, by_group, bounds, place, state, best_place, check_mask, capacity,
-          penalty, sim, rows, total, cost_norm, set_ptr, set_idx, first, ctx_w, w2, b2, w3,
-          b3, greedy, uniforms, reset_cands, contexts, masks, actions,
+          penalty, sim, rows, on, total, cost_norm, set_ptr, set_idx, first, ctx_t, w2_t,
+          b2, w3_t, b3, greedy, uniforms, reset_cands, contexts, masks, actions,
           rewards):  # pragma: no cover - compiled
     """Play one episode in place; ``state`` is ``[cost, step, feasible, overflow,
     best_cost, best_step, best_feasible, best_overflow]``; ``reset_cands`` holds the
@@ -125,6 +157,8 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
     c_step = np.empty(n_dev)
     c_feas = np.empty(n_dev, dtype=np.bool_)
     c_over = np.empty(n_dev)
+    h1, h2 = np.empty(b2.size, dtype=b2.dtype), np.empty(b2.size, dtype=b2.dtype)
+    logits, cdf = np.empty(n_dev, dtype=b3.dtype), np.empty(n_dev, dtype=b3.dtype)
     used = 0
     sims = 0
     for t in range(n):
@@ -135,7 +169,7 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
         if decided[gid]:  # forced: the group's device was chosen earlier
             masks[t, here] = True
             actions[t] = here
-            _update_rows(rows, total, cost_norm, v, lo, hi, by_group, here, n_dev)
+            _update_rows(rows, on, total, cost_norm, v, lo, hi, by_group, here, n_dev)
             continue
         simulated = False
         if check_mask:  # every candidate simulated: the mask, and the chosen one's cost
@@ -169,10 +203,11 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
         else:
             masks[t, :] = True
         if masks[t].sum() > 1:
-            ctx = _context(v, rows, total, set_ptr, set_idx, n_dev)
+            ctx = _context(v, rows, on, total, set_ptr, set_idx, n_dev)
             contexts[t] = ctx
-            logits = _head(v, ctx, first, ctx_w, w2, b2, w3, b3)
-            d = _choose(logits, masks[t], greedy, uniforms[used] if not greedy else 0.0)
+            _head(v, ctx, first, ctx_t, w2_t, b2, w3_t, b3, h1, h2, logits)
+            d = _choose(logits, masks[t], greedy, uniforms[used] if not greedy else 0.0,
+                        cdf)
             if not greedy:
                 used += 1
         else:
@@ -195,8 +230,12 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
                 best_place[:] = place
                 state[4:8] = state[0:4]
         decided[gid] = True
-        _update_rows(rows, total, cost_norm, v, lo, hi, by_group, d, n_dev)
+        _update_rows(rows, on, total, cost_norm, v, lo, hi, by_group, d, n_dev)
     return used, sims
+
+
+def _transposed(w: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(w.T)
 
 
 def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, greedy: bool,
@@ -217,14 +256,15 @@ def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, gre
     state = np.array([env.cost, env.step_us, env.feasible, env.overflow, env.best_cost,
                       env.best_step_us, env.best_feasible, env.best_overflow])
     best = env.best_placement
-    w2, b2, w3, b3 = (a for layer in head._layers for a in layer)
+    (w2, b2), (w3, b3) = head._layers
     reset_cands = (np.zeros((0, n_dev)) if env._cand is None else
                    np.stack([env._cand.step_time_us, env._cand.feasible, env._cand.overflow]))
     used, sims = _play(env.order, env._group, env._by_group, env._bounds, env.placement,
                        state, best, env.memory == "mask" and not env.always_fits,
                        env.capacity, env.memory_penalty, env.sim._args, context._rows,
-                       context._total, context._cost, context.pg.set_ptr,
-                       context.pg.set_idx, head._first, head._context, w2, b2, w3, b3, greedy,
+                       context._device, context._total, context._cost, context.pg.set_ptr,
+                       context.pg.set_idx, head._first, _transposed(head._context),
+                       _transposed(w2), b2, _transposed(w3), b3, greedy,
                        uniforms, reset_cands, contexts, masks, actions, rewards)
     if not greedy:
         rng.bit_generator.state = saved

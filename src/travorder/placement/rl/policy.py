@@ -216,6 +216,9 @@ class PolicyGraph:
         n_anc, n_desc = anc.sum(axis=1), desc.sum(axis=1)
         self.set_sizes = torch.from_numpy(
             np.stack([n_anc, n_desc, n - 1 - n_anc - n_desc], axis=1).astype(np.float32))
+        # the columns of `static_features` that no episode changes, one row each
+        self.fixed_features = np.stack([_max_normalised(self.cost),
+                                        _max_normalised(self.out_size)]).astype(np.float32)
         self._inverse: dict[int, torch.Tensor] = {}
 
     def inverse_sizes(self, dim: int) -> torch.Tensor:
@@ -248,26 +251,51 @@ def static_features(pg: PolicyGraph, placement: np.ndarray, start_us: np.ndarray
     are zero for every node when an episode starts; they enter through `StepContext`.)
     """
     x = np.zeros((pg.n_nodes, 3 + n_devices), dtype=np.float32)
-    for j, col in enumerate((pg.cost, pg.out_size, np.asarray(start_us, dtype=np.float64))):
-        x[:, j] = _max_normalised(col)
+    x[:, 0], x[:, 1] = pg.fixed_features
+    x[:, 2] = _max_normalised(np.asarray(start_us, dtype=np.float64))
     x[np.arange(pg.n_nodes), 3 + np.asarray(placement)] = 1.0
     return x
 
 
 @njit(cache=True)
-def _context(v, rows, total, ptr, idx, n_devices):  # pragma: no cover - compiled
+def _context(v, rows, device, total, ptr, idx, n_devices):  # pragma: no cover - compiled
     n_sets, width = ptr.shape[0] + 2, rows.shape[1]
+    d = n_devices
     sums = np.zeros((n_sets, width))
     sums[0] = rows[v]
     for k in range(ptr.shape[0]):
+        # The columns' sums over the members, in the members' order: the count, and the
+        # cost column; per member only its done flag and its cost on its device (the
+        # other one-hot columns add exact zeros). The running sum of the device in hand
+        # stays in a register until the device changes.
+        row = sums[k + 1]
+        done = 0.0
+        cost = 0.0
+        here = -1
+        acc = 0.0
+        run = 0
         for j in range(ptr[k, v], ptr[k, v + 1]):
             u = idx[j]
-            for c in range(width):  # element by element: no row view per member
-                sums[k + 1, c] += rows[u, c]
+            p = device[u]
+            if p != here:
+                if here >= 0:
+                    row[2 + d + here] = acc
+                    row[2 + here] += run
+                here, acc, run = p, row[2 + d + p], 0
+            c = rows[u, width - 1]
+            acc += c
+            run += 1
+            cost += c
+            done += rows[u, 1]
+        if here >= 0:
+            row[2 + d + here] = acc
+            row[2 + here] += run
+        row[0] = ptr[k, v + 1] - ptr[k, v]
+        row[1] = done
+        row[width - 1] = cost
     # the parallel set by difference; its sums may keep rounding residue when it is empty
     sums[n_sets - 1] = total - sums[0] - sums[3] - sums[4]
     tiny = 1e-9 * total[width - 1]
-    d = n_devices
     out = np.zeros((n_sets, 1 + 2 * d), dtype=np.float32)
     for k in range(n_sets):
         if sums[k, 0] > 0.5:
@@ -275,6 +303,24 @@ def _context(v, rows, total, ptr, idx, n_devices):  # pragma: no cover - compile
             if sums[k, width - 1] > tiny:
                 out[k, 1 + d:] = sums[k, 2 + d:width - 1] / sums[k, width - 1]
     return out.reshape(-1)
+
+
+@njit(cache=True)
+def _reset_rows(rows, device, placement, cost):  # pragma: no cover - compiled
+    """`StepContext.reset`: no node done, each on its device of ``placement``; returns
+    the rows' column sums, added row after row (as ``rows.sum(axis=0)`` adds them)."""
+    n, width = rows.shape
+    d = (width - 3) // 2
+    total = np.zeros(width)
+    for v in range(n):
+        rows[v, 1:width - 1] = 0.0
+        p = placement[v]
+        rows[v, 2 + p] = 1.0
+        rows[v, 2 + d + p] = cost[v]
+        device[v] = p
+        for c in range(width):
+            total[c] += rows[v, c]
+    return total
 
 
 class StepContext:
@@ -296,15 +342,12 @@ class StepContext:
         self._rows = np.zeros((pg.n_nodes, 3 + 2 * n_devices))
         self._rows[:, 0] = 1.0
         self._rows[:, -1] = self._cost
+        self._device = np.zeros(pg.n_nodes, dtype=np.int64)  # the one-hot's column
 
     def reset(self, placement: np.ndarray) -> None:
         """Start an episode from ``placement``: nothing is done yet."""
-        r, d = self._rows, self.n_devices
-        r[:, 1:2 + 2 * d] = 0.0
-        rows = np.arange(self.pg.n_nodes)
-        r[rows, 2 + placement] = 1.0
-        r[rows, 2 + d + placement] = self._cost
-        self._total = r.sum(axis=0)
+        self._total = _reset_rows(self._rows, self._device, np.asarray(placement),
+                                  self._cost)
 
     def update(self, v: int, nodes: np.ndarray, device: int) -> None:
         """Node ``v`` has been decided and ``nodes`` (its group, ``v`` included) now sit
@@ -318,13 +361,14 @@ class StepContext:
         r[nodes, 2:2 + 2 * d] = 0.0
         r[nodes, 2 + device] = 1.0
         r[nodes, 2 + d + device] = self._cost[nodes]
+        self._device[nodes] = device
         r[v, 1] = 1.0
         self._total += r[nodes].sum(axis=0)
 
     def __call__(self, v: int) -> np.ndarray:
         """The context vector of node ``v`` (``width`` float32 numbers)."""
-        return _context(v, self._rows, self._total, self.pg.set_ptr, self.pg.set_idx,
-                        self.n_devices)
+        return _context(v, self._rows, self._device, self._total, self.pg.set_ptr,
+                        self.pg.set_idx, self.n_devices)
 
 
 def _mlp(*sizes: int) -> nn.Sequential:
