@@ -435,7 +435,7 @@ def _workspace(n, m, n_dev, record):
             np.empty(n),  # ready
             np.empty(ev_cap), np.empty(ev_cap, dtype=np.int64),  # ht, hk
             np.empty(cap, dtype=np.int64), np.empty(cap, dtype=np.uint32),  # copy_dev, _of
-            np.empty(cap), np.empty(cap, dtype=np.int64),  # copy_bytes, copy_left
+            np.empty(cap + 1), np.empty(cap + 1, dtype=np.int64),  # copy_bytes, copy_left
             np.empty(cap), np.empty(cap, dtype=np.int64),  # copy_start, next_copy
             np.empty(rec, dtype=np.int64), np.empty(rec))  # tr_node, tr_end
 
@@ -493,10 +493,15 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
     pair_tail = np.full(n_dev * n_dev, -1, dtype=np.int64)
     n_copies = 0
     moved = 0.0
-    max_b = np.empty(n_dev)
+    max_b = np.zeros(n_dev)
     n_cons = np.zeros(n_dev, dtype=np.int64)
     arrival = np.empty(n_dev)
     copy_id = np.empty(n_dev, dtype=np.uint32)
+    # an edge between ops on one device reads the copy `local`, which no op frees: the
+    # loop over an op's inputs then needs no test of each producer's device
+    local = copy_left.size - 1
+    copy_left[local] = 1 << 62
+    copy_bytes[local] = 0.0
 
     # events (time, kind << KIND_SHIFT | id), the next one last (`_ev_insert`)
     n_ev = 0
@@ -539,11 +544,10 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
             # free the inputs this op was the last to use
             for k in range(iptr[r], iptr[r + 1]):
                 u = isrc[k]
-                if pl[u] != d:
-                    c = copy_of[iout[k]]
-                    copy_left[c] -= 1
-                    if copy_left[c] == 0:
-                        mem[d] -= copy_bytes[c]
+                c = copy_of[iout[k]]  # `local` if u is on d
+                copy_left[c] -= 1
+                if copy_left[c] == 0:
+                    mem[d] -= copy_bytes[c]
                 uses_left[u] -= 1
                 if uses_left[u] == 0:
                     mem[pl[u]] -= out_bytes[u]
@@ -552,14 +556,14 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
             if o1 == o0:
                 mem[d] -= out_bytes[r]
             # one transfer per destination device, carrying the largest edge to it
-            remote = False
+            # without a branch (d's own counts are dropped): edge bytes are not negative
             for k in range(o0, o1):
                 x = pl[odst[k]]
-                if x != d:
-                    if n_cons[x] == 0 or obytes[k] > max_b[x]:
-                        max_b[x] = obytes[k]
-                    n_cons[x] += 1
-                    remote = True
+                max_b[x] = obytes[k] if obytes[k] > max_b[x] else max_b[x]
+                n_cons[x] += 1
+            remote = n_cons[d] < o1 - o0
+            n_cons[d] = 0
+            max_b[d] = 0.0
             arrival[d] = t
             if remote:
                 for x in range(n_dev):
@@ -593,6 +597,7 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
                         tr_node[c] = r
                         tr_end[c] = end
                     moved += max_b[x]
+                    max_b[x] = 0.0
                     next_copy[c] = -1
                     q = d * n_dev + x
                     last = pair_tail[q]
@@ -602,11 +607,11 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
                     else:
                         n_ev = _ev_insert(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
                     n_copies += 1
+            copy_id[d] = local
             for k in range(o0, o1):
                 u = odst[k]
                 x = pl[u]
-                if x != d:
-                    copy_of[k] = copy_id[x]
+                copy_of[k] = copy_id[x]
                 if arrival[x] > ready[u]:
                     ready[u] = arrival[x]
                 waiting[u] -= 1
