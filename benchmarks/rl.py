@@ -46,9 +46,9 @@ import time
 from pathlib import Path
 
 from travorder.datasets import synthetic
-from travorder.graph import training_graph
+from travorder.graph import OpGraph, training_graph
 from travorder.graph.pipeline import pipeline_graph
-from travorder.placement.clusters import load_cluster
+from travorder.placement.clusters import Cluster, load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import place_graph
 from travorder.placement.rl.trainer import ENGINES, PRESETS, RLConfig, train
@@ -56,6 +56,19 @@ from travorder.study.scenarios import Scenario
 
 SIZES = {"inception": {"n_modules": 5}, "resnet": {}, "transformer": {"n_layers": 3},
          "enas_cnn": {"n_cells": 4}, "seq2seq": {"src_len": 10, "tgt_len": 10}}
+
+
+def bench_graph(family: str, micro_batches: int = 1, memory: float | None = None
+                ) -> tuple[OpGraph, Cluster]:
+    """The benchmark's training graph of ``family`` (`SIZES`), pipelined over
+    ``micro_batches``, and ``k80x3`` with ``memory`` times its single-device peak."""
+    graph = training_graph(getattr(synthetic, family)(seed=0, **SIZES[family]))
+    if micro_batches > 1:
+        graph = pipeline_graph(graph, micro_batches)
+    cluster = load_cluster("k80x3")
+    if memory is not None:
+        cluster = Scenario(memory=memory).cluster_for(graph, cluster)
+    return graph, cluster
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,12 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         return side_by_side(args)
 
-    graph = training_graph(getattr(synthetic, args.family)(seed=0, **SIZES[args.family]))
-    if args.micro_batches > 1:
-        graph = pipeline_graph(graph, args.micro_batches)
-    cluster = load_cluster("k80x3")
-    if args.memory is not None:
-        cluster = Scenario(memory=args.memory).cluster_for(graph, cluster)
+    graph, cluster = bench_graph(args.family, args.micro_batches, args.memory)
     order = traversal_order(graph, args.order)
     options = {key: value for key, value in (("episodes", args.episodes),
                                              ("network", args.network)) if value is not None}

@@ -32,18 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from travorder.datasets import synthetic
-from travorder.graph import OpGraph, training_graph
-from travorder.graph.pipeline import pipeline_graph
-from travorder.placement.clusters import Cluster, load_cluster
+from rl import SIZES, bench_graph  # benchmarks/rl.py, beside this script
+from travorder.graph import OpGraph
+from travorder.placement.clusters import Cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.rl.env import PlacementEnv
 from travorder.placement.rl.trainer import RLConfig, train
 from travorder.placement.simulator import BatchResult, Simulator
-from travorder.study.scenarios import Scenario
 
-SIZES = {"inception": {"n_modules": 5}, "resnet": {}, "transformer": {"n_layers": 3},
-         "enas_cnn": {"n_cells": 4}, "seq2seq": {"src_len": 10, "tgt_len": 10}}
 STUDY_ORDERS = "topo_lifo,reversed_topo,dfs_preorder,dfs_postorder,bfs,alpha"
 
 
@@ -151,12 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batches", type=int, default=1, help="pipeline the graph")
     ap.add_argument("--episodes", type=int, help="override the paper preset's episodes")
     args = ap.parse_args(argv)
-    graph = training_graph(getattr(synthetic, args.family)(seed=0, **SIZES[args.family]))
-    if args.micro_batches > 1:
-        graph = pipeline_graph(graph, args.micro_batches)
-    cluster = load_cluster("k80x3")
-    if args.memory is not None:
-        cluster = Scenario(memory=args.memory).cluster_for(graph, cluster)
+    graph, cluster = bench_graph(args.family, args.micro_batches, args.memory)
     options = {} if args.episodes is None else {"episodes": args.episodes}
     config = RLConfig.from_options("paper", **options)
     print(f"{args.family} training graph: {graph.n_nodes} nodes, {args.micro_batches} "
