@@ -63,7 +63,8 @@ BUNDLED_DATASETS = {
     "greedy": ("greedy.parquet",),
     "rl": ("rl.parquet", "rl-pipelined-1.parquet", "rl-pipelined-2.parquet",
            "rl-pipelined-3.parquet", "rl-pipelined-4.parquet", "rl-full-1.parquet",
-           "rl-full-2.parquet", "rl-4gpu-1.parquet", "rl-4gpu-2.parquet"),
+           "rl-full-2.parquet", "rl-full-3.parquet", "rl-4gpu-1.parquet",
+           "rl-4gpu-2.parquet"),
     "greedy-perturbed": ("greedy-perturbed.parquet",),
     "rl-perturbed": ("rl-perturbed.parquet",),
 }
