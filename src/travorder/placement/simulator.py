@@ -396,9 +396,13 @@ def _places(place, node_at, n_dev, pl):
 
 @njit(cache=True)
 def _param_memory(pl, param_mem, n_dev):
+    """The parameter bytes each device holds from the start."""
     mem = np.zeros(n_dev)
     for r in range(pl.size):
-        mem[pl[r]] += param_mem[r]
+        # most ops hold no parameters, and adding 0.0 changes no sum: skipping them leaves
+        # a chain of dependent additions only where there are parameters
+        if param_mem[r] != 0.0:
+            mem[pl[r]] += param_mem[r]
     return mem
 
 
@@ -466,14 +470,9 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
     for r in range(n):
         ready[r] = 0.0
         start[r] = 0.0
-    mem = np.zeros(n_dev)
     for r in range(n):
-        d = pl[r]
-        cost[r] = times[r, d]  # read at random later: 8 bytes per op, not a row of times
-        # most ops hold no parameters, and adding 0.0 changes no sum: skipping them leaves
-        # a chain of dependent additions only where there are parameters
-        if param_mem[r] != 0.0:
-            mem[d] += param_mem[r]
+        cost[r] = times[r, pl[r]]  # read at random later: 8 bytes per op, not a row of times
+    mem = _param_memory(pl, param_mem, n_dev)
     peak = mem.copy()
 
     a_head = base[:n_dev].copy()
