@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from travorder.api import recommend_order
-from travorder.errors import FormatError
+from travorder.errors import FormatError, TravorderError
 from travorder.predictor.active import bundled_model_dir
 from travorder.predictor.dataset import data_hash, design_matrix
 from travorder.predictor.model import MANIFEST, OrderPredictor
@@ -65,6 +65,21 @@ def test_train_without_the_graphs_falls_back_to_graph_features(small_dataset, tm
     manifest = json.loads((tmp_path / "model" / MANIFEST).read_text())
     assert res.method == "regressor" and manifest["structure"] == []
     assert "not in the corpus" in manifest["chosen_because"]
+
+
+def test_train_refuses_two_study_settings_before_evaluating(small_dataset, tmp_path,
+                                                            monkeypatch):
+    from travorder.predictor import train
+
+    frame = pd.read_parquet(small_dataset)
+    full = frame.assign(coarsen_max_nodes=0, graph_hash="f" + frame["graph_hash"].str[1:])
+    path = tmp_path / "mixed.parquet"
+    pd.concat([frame, full]).to_parquet(path)
+    monkeypatch.setattr(train, "structure_columns", None)  # never reached
+    with pytest.raises(TravorderError, match=r"mix several coarsen_max_nodes settings "
+                                             r"\(200, 0\)"):
+        train_predictor([str(path)], tmp_path / "model", kinds=("regressor",))
+    assert not (tmp_path / "model").exists()
 
 
 def test_shipped_model_records_its_evaluation_on_the_bundled_dataset():

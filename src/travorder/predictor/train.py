@@ -221,6 +221,9 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
         raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
     frame = _placer_rows(read_sources(sources), placer)
     placer = str(frame["placer"].iloc[0])
+    # one study setting, checked before the long evaluation
+    training = bool(_one_value(frame, "training", True))
+    coarsen_max_nodes = int(_one_value(frame, "coarsen_max_nodes", 0))
     data = design_matrix(frame)
     if len(np.unique(data.family)) < 2:
         raise TravorderError("leave-family-out evaluation needs at least two families")
@@ -275,8 +278,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
         manifest["graph_net"] = {"file": GNN_FILE, "sha256": _sha256(Path(out) / GNN_FILE)}
     model.save(
         out, feature_schema_version=FEATURE_SCHEMA_VERSION, placer=placer,
-        training=bool(_one_value(frame, "training", True)),
-        coarsen_max_nodes=int(_one_value(frame, "coarsen_max_nodes", 0)),
+        training=training, coarsen_max_nodes=coarsen_max_nodes,
         orders=data.orders, clusters=sorted(frame["cluster"].unique()),
         families=sorted(np.unique(data.family)), n_rows=len(frame),
         data_hash=data_hash(frame), method=method, structure=list(combo),
