@@ -35,12 +35,10 @@ import numpy as np
 from rl import SIZES, bench_graph  # benchmarks/rl.py, beside this script
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
-from travorder.placement.orders import traversal_order
+from travorder.placement.orders import STUDY_ORDERS, traversal_order
 from travorder.placement.rl.env import PlacementEnv
 from travorder.placement.rl.trainer import RLConfig, train
 from travorder.placement.simulator import BatchResult, Simulator
-
-STUDY_ORDERS = "topo_lifo,reversed_topo,dfs_preorder,dfs_postorder,bfs,alpha"
 
 
 class Resumes:
@@ -142,7 +140,7 @@ def measure(graph: OpGraph, cluster: Cluster, order_name: str, config: RLConfig)
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--family", default="inception", choices=sorted(SIZES))
-    ap.add_argument("--orders", default=STUDY_ORDERS)
+    ap.add_argument("--orders", default=",".join(STUDY_ORDERS))
     ap.add_argument("--memory", type=float, help="device memory, times the single-device peak")
     ap.add_argument("--micro-batches", type=int, default=1, help="pipeline the graph")
     ap.add_argument("--episodes", type=int, help="override the paper preset's episodes")
