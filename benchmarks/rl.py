@@ -25,7 +25,9 @@ Side by side: ``--against SRC`` runs the benchmark (compiled engine) alternately
 this source tree and with ``SRC`` (the ``src`` folder of another checkout, e.g. the
 base commit), each in a fresh process, ``--pairs`` times, and prints both CPU times per
 run, their paired ratios and medians, the simulations per run, and whether both runs
-gave the same result.
+gave the same result. ``SRC`` may be as old as the RL issue's base (1a7f132: ``git
+archive 1a7f132 src | tar -x -C OLD``), which had only the step-by-step engine; its
+runs then play step by step and count no simulations.
 
     python benchmarks/rl.py [--family inception] [--preset paper] [--episodes N]
                             [--order topo_lifo] [--engine both] [--repeat 2]
@@ -45,14 +47,18 @@ import tempfile
 import time
 from pathlib import Path
 
+# Only names that trees back to the issue's base (1a7f132) have are imported here, so
+# that ``--against`` can time them; the newer ones are imported where they are used.
 from travorder.datasets import synthetic
 from travorder.graph import OpGraph, training_graph
-from travorder.graph.pipeline import pipeline_graph
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.placement.orders import traversal_order
-from travorder.placement.placers import place_graph
-from travorder.placement.rl.trainer import ENGINES, PRESETS, RLConfig, train
-from travorder.study.scenarios import Scenario
+from travorder.placement.rl import trainer
+from travorder.placement.rl.trainer import RLConfig, train
+
+# A tree before the compiled engine has one engine, played step by step.
+ENGINES = getattr(trainer, "ENGINES", ("stepwise",))
+PRESETS = getattr(trainer, "PRESETS", {"default": None, "paper": None})
 
 SIZES = {"inception": {"n_modules": 5}, "resnet": {}, "transformer": {"n_layers": 3},
          "enas_cnn": {"n_cells": 4}, "seq2seq": {"src_len": 10, "tgt_len": 10}}
@@ -64,9 +70,13 @@ def bench_graph(family: str, micro_batches: int = 1, memory: float | None = None
     ``micro_batches``, and ``k80x3`` with ``memory`` times its single-device peak."""
     graph = training_graph(getattr(synthetic, family)(seed=0, **SIZES[family]))
     if micro_batches > 1:
+        from travorder.graph.pipeline import pipeline_graph
+
         graph = pipeline_graph(graph, micro_batches)
     cluster = load_cluster("k80x3")
     if memory is not None:
+        from travorder.study.scenarios import Scenario
+
         cluster = Scenario(memory=memory).cluster_for(graph, cluster)
     return graph, cluster
 
@@ -87,16 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--against", help="another source tree to compare with, side by side")
     ap.add_argument("--pairs", type=int, default=3, help="alternations with --against")
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # one side of --against: JSON here
     args = ap.parse_args(argv)
     if args.against:
         return side_by_side(args)
 
-    graph, cluster = bench_graph(args.family, args.micro_batches, args.memory)
-    order = traversal_order(graph, args.order)
-    options = {key: value for key, value in (("episodes", args.episodes),
-                                             ("network", args.network)) if value is not None}
-    config = RLConfig.from_options(args.preset, **options)
+    graph, cluster, order, config = setting(args)
+    if args.child:
+        return child(args, graph, cluster, order, config)
     engines = ENGINES if args.engine == "both" else (args.engine,)
+    from travorder.placement.placers import place_graph
+
     single = place_graph(graph, cluster, "single").step_time_us
     print(f"{args.family} training graph: {graph.n_nodes} nodes, {graph.n_edges} edges, "
           f"{args.micro_batches} micro-batch(es); {cluster.name}, memory "
@@ -107,15 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                      "preset": args.preset, "episodes": config.episodes,
                      "single_step_time_us": single, "engines": {}}
     for engine in engines:
-        train(graph, cluster, order, args.seed, RLConfig(episodes=1), engine=engine)
-        best = None
-        for _ in range(args.repeat):
-            cpu0 = time.process_time()
-            run = train(graph, cluster, order, args.seed, config, engine=engine)
-            cpu = time.process_time() - cpu0
-            if best is None or cpu < best[0]:
-                best = (cpu, run)
-        cpu, run = best
+        cpu, run = fastest_run(graph, cluster, order, config, args, engine=engine)
         rest = run.wall_s - run.play_s - run.network_s - run.update_s
         f = {"cpu_s": cpu, "wall_s": run.wall_s, "runs_per_s": 1.0 / cpu,
              "play_s": run.play_s, "network_s": run.network_s, "update_s": run.update_s,
@@ -139,10 +142,47 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def setting(args: argparse.Namespace) -> tuple[OpGraph, Cluster, object, RLConfig]:
+    """The graph, cluster, order and RL settings that ``args`` name."""
+    graph, cluster = bench_graph(args.family, args.micro_batches, args.memory)
+    options = {key: value for key, value in (("episodes", args.episodes),
+                                             ("network", args.network)) if value is not None}
+    return (graph, cluster, traversal_order(graph, args.order),
+            RLConfig.from_options(args.preset, **options))
+
+
+def fastest_run(graph: OpGraph, cluster: Cluster, order: object, config: RLConfig,
+                args: argparse.Namespace, **engine: str) -> tuple[float, object]:
+    """CPU seconds and result of the fastest of ``args.repeat`` runs, after a one-episode
+    run that compiles (or loads) the kernels."""
+    train(graph, cluster, order, args.seed, RLConfig(episodes=1), **engine)
+    best = None
+    for _ in range(args.repeat):
+        cpu0 = time.process_time()
+        run = train(graph, cluster, order, args.seed, config, **engine)
+        cpu = time.process_time() - cpu0
+        if best is None or cpu < best[0]:
+            best = (cpu, run)
+    return best
+
+
+def child(args: argparse.Namespace, graph: OpGraph, cluster: Cluster, order: object,
+          config: RLConfig) -> int:
+    """One side of ``--against``: the fastest run's CPU seconds and result as JSON, with
+    the API of every tree back to the issue's base (the compiled engine where it exists,
+    no simulation count before it was recorded)."""
+    engine = {"engine": "compiled"} if "compiled" in ENGINES else {}
+    cpu, run = fastest_run(graph, cluster, order, config, args, **engine)
+    figures = {"cpu_s": cpu, "best_step_time_us": run.step_time_us,
+               "curve_sum_us": sum(run.curve), "simulations": getattr(run, "simulations", None)}
+    Path(args.child).write_text(json.dumps(figures), encoding="utf-8")
+    return 0
+
+
 def side_by_side(args: argparse.Namespace) -> int:
     """Alternate runs of this tree and of ``args.against``; print paired CPU ratios."""
     own = [f"--{key.replace('_', '-')}={value}" for key, value in vars(args).items()
-           if value is not None and key not in ("engine", "json", "against", "pairs")]
+           if value is not None and key not in ("engine", "json", "against", "pairs", "child")]
     trees = {"this": Path(__file__).resolve().parents[1] / "src",
              "against": Path(args.against).resolve()}
     cpu: dict[str, list[float]] = {name: [] for name in trees}
@@ -151,10 +191,10 @@ def side_by_side(args: argparse.Namespace) -> int:
         for _ in range(args.pairs):
             for name, src in trees.items():
                 out = Path(tmp) / f"{name}.json"
-                subprocess.run([sys.executable, __file__, *own, "--engine", "compiled",
-                                "--json", str(out)], check=True, stdout=subprocess.DEVNULL,
+                subprocess.run([sys.executable, __file__, *own, "--child", str(out)],
+                               check=True, stdout=subprocess.DEVNULL,
                                env={**os.environ, "PYTHONPATH": str(src)})
-                figures = json.loads(out.read_text())["engines"]["compiled"]
+                figures = json.loads(out.read_text())
                 cpu[name].append(figures["cpu_s"])
                 results[name] = (figures["best_step_time_us"], figures["curve_sum_us"])
                 simulations[name] = figures["simulations"]

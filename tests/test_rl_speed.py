@@ -7,6 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from travorder.datasets import synthetic
 from travorder.errors import TravorderError
@@ -21,6 +23,8 @@ from travorder.placement.rl.trainer import (
     train,
 )
 from travorder.placement.simulator import Simulator
+
+from .strategies import random_dags
 
 GRAPH = training_graph(synthetic.enas_cnn(seed=0, n_cells=2))
 
@@ -202,6 +206,20 @@ def test_the_numpy_network_has_torchs_gradient() -> None:
     assert np.abs(net.grad).max() > 1e-4  # every part of the network gets a gradient
     for name, grad in net.g.items():
         assert np.abs(grad).max() > 0, name
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(max_nodes=25), st.integers(0, 3))
+def test_set_sums_are_the_products_with_the_reachability_matrix(g, seed) -> None:
+    from travorder.placement.rl.network import SetSums
+    from travorder.placement.rl.policy import PolicyGraph, descendant_matrix
+
+    pg = PolicyGraph(g, np.ones(g.n_nodes))
+    desc = descendant_matrix(g)
+    values = np.random.default_rng(seed).integers(-9, 9, (g.n_nodes, 3)).astype(float)
+    # integers: every order of summation gives the exact same sums
+    assert np.array_equal(SetSums.of(desc.T, pg.forward)(values), desc.T @ values)
+    assert np.array_equal(SetSums.of(desc, pg.backward)(values), desc @ values)
 
 
 def test_a_numpy_update_is_torchs_to_float_rounding() -> None:

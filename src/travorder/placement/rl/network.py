@@ -3,7 +3,7 @@
 `NumpyNetwork` computes what `PlacementPolicy` (Placeto encoder) and the trainer's loss,
 ``loss.backward()`` and `FlatAdam` compute, with hand-derived gradients and no torch
 operation: the episode table (message passes in the compiled kernels of `policy`, set
-aggregations as products with the reachability matrix), the head over an episode's
+aggregations as sums over each node's ancestors or descendants), the head over an episode's
 decisions, the REINFORCE loss's gradient, global-norm clipping and Adam (one compiled
 loop), all over one flat float32 parameter vector. A torch update costs a few hundred
 small tensor operations, each with dispatch and autograd overhead that dwarfs its
@@ -12,9 +12,10 @@ means and the head are computed only for the nodes that can decide (the others n
 read them), so their cost grows with the decisions rather than with the nodes.
 
 The arithmetic is torch's (float32, the same formulas); the products run through
-numpy's BLAS instead of torch's and sum in another order, so results agree with the
-torch path to float rounding (the tests compare gradients and whole updates), not bit
-for bit.
+numpy's BLAS instead of torch's and sum in another order, and the sums over ancestors
+and descendants are built from nested sets (`SetSums`) where torch multiplies by the
+dense reachability matrix, so results agree with the torch path to float rounding (the
+tests compare gradients and whole updates), not bit for bit.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ import numpy as np
 from numba import njit
 
 from travorder.placement.rl.policy import (
+    Direction,
     EpisodeHead,
     PlacementPolicy,
     PolicyGraph,
+    _csr,
     _pass_forward,
 )
 
@@ -49,6 +52,68 @@ class Table:
     sets: list[tuple[np.ndarray, np.ndarray, np.ndarray]]  # per set: the first layer's
     # output before and after its ReLU, and the transform's output
     head_first: np.ndarray | None = None  # the head's first layer on the table's rows
+
+
+@njit(cache=True)
+def _set_sums(order, base, ptr, idx, values):  # pragma: no cover - compiled
+    """`SetSums` of ``values``: row ``v`` is row ``base[v]`` (none if -1) plus ``values``'
+    rows ``idx[ptr[v]:ptr[v + 1]]``, in ``order``."""
+    out = np.zeros_like(values)
+    for v in order:
+        o = out[v]
+        if base[v] >= 0:
+            o[:] = out[base[v]]
+        for k in range(ptr[v], ptr[v + 1]):
+            x = values[idx[k]]
+            for c in range(x.size):
+                o[c] += x[c]
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class SetSums:
+    """Sums of per-node rows over each node's ancestors (or descendants), built on the
+    nesting of these sets: a node's set holds the set of each of its predecessors, so it
+    is the largest one's (its *base*'s) plus a few more nodes, ``idx[ptr[v]:ptr[v+1]]``.
+    On training graphs that is a few thousand additions of a row where the product with
+    the reachability matrix makes hundreds of thousands (1,872 against 735,820 on the
+    1,252-node seq2seq).
+
+    >>> from travorder.graph import OpGraph
+    >>> g = OpGraph(["a", "b", "c"], [0, 0, 1], [1, 2, 2])
+    >>> pg = PolicyGraph(g, np.ones(3))
+    >>> ancestors = SetSums.of(pg.descendants.numpy().T != 0, pg.forward)
+    >>> ancestors(np.array([[1.0], [10.0], [100.0]])).ravel().tolist()
+    [0.0, 1.0, 11.0]
+    """
+
+    order: np.ndarray
+    base: np.ndarray
+    ptr: np.ndarray
+    idx: np.ndarray
+
+    @classmethod
+    def of(cls, member: np.ndarray, direction: Direction) -> SetSums:
+        """The sums over the sets ``member[v]`` (boolean ``(n, n)``: ``member[v, u]``, u is
+        in v's set), where the set of each of v's neighbours in ``direction`` (its
+        predecessors for ancestors, its successors for descendants) and that neighbour
+        are in v's set."""
+        n = member.shape[0]
+        size = member.sum(axis=1)
+        child = np.repeat(np.arange(n), np.diff(direction.ptr))
+        parent = direction.idx
+        by_size = np.lexsort((size[parent], child))  # each child's largest parent last
+        last = np.flatnonzero(np.diff(child[by_size], append=n))
+        base = np.full(n, -1, dtype=np.int64)
+        base[child[by_size][last]] = parent[by_size][last]
+        extra = member.copy()
+        has = base >= 0
+        extra[has] &= ~member[base[has]]
+        return cls(direction.order, base, *_csr(extra))
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        """Row ``v``: the sum of ``values``' rows over v's set."""
+        return _set_sums(self.order, self.base, self.ptr, self.idx, values)
 
 
 @njit(cache=True, fastmath=True)
@@ -149,10 +214,9 @@ class NumpyNetwork:
         self.rows = np.arange(n) if rows is None else np.asarray(rows, dtype=np.int64)
         self._position = np.full(n, -1, dtype=np.int64)  # node -> its row in a table
         self._position[self.rows] = np.arange(self.rows.size)
-        desc = pg.descendants.numpy().astype(self.flat.dtype, copy=False)
-        # [u, i]: u is an ancestor of rows[i]; [i, w]: w is a descendant of rows[i]
-        self._anc = np.ascontiguousarray(desc[:, self.rows])
-        self._desc = np.ascontiguousarray(desc[self.rows])
+        desc = pg.descendants.numpy() != 0
+        self._ancestors = SetSums.of(desc.T, pg.forward)
+        self._descendants = SetSums.of(desc, pg.backward)
         self._inverse = pg.inverse_sizes(self.dim).numpy()[self.rows]
 
     def _linear(self, a: np.ndarray, name: str) -> np.ndarray:
@@ -195,8 +259,8 @@ class NumpyNetwork:
             sets.append((first, hidden, out))
             outs.append(out)
         fa, fd, fp = outs
-        up = self._anc.T @ np.concatenate([fa, fp], axis=1)
-        down = self._desc @ np.concatenate([fd, fp], axis=1)
+        up = self._ancestors(np.concatenate([fa, fp], axis=1))[self.rows]
+        down = self._descendants(np.concatenate([fd, fp], axis=1))[self.rows]
         dim = self.dim
         parallel = (fp.sum(axis=0, keepdims=True) - down[:, dim:] - up[:, dim:]
                     - fp[self.rows])
@@ -275,10 +339,14 @@ class NumpyNetwork:
         g_h[self.rows] = g_table[:, :two]
         g_sums = g_table[:, two:] * self._inverse
         g_par = g_sums[:, 2 * dim:]
-        # up = A^T [fa, fp], down = D [fd, fp] (A: ancestors, D: descendants of the rows),
-        # parallel = sum(fp) - down_p - up_p - fp[rows]
-        from_up = self._anc @ np.concatenate([g_sums[:, :dim], -g_par], axis=1)
-        from_down = self._desc.T @ np.concatenate([g_sums[:, dim:2 * dim], -g_par], axis=1)
+        # up = [fa, fp] summed over each row's ancestors, down = [fd, fp] over its
+        # descendants, parallel = sum(fp) - down_p - up_p - fp[rows]; so a node's
+        # gradient from up sums over the rows it is an ancestor of (its descendants among
+        # the rows), and from down over its ancestors among the rows
+        g_up, g_down = np.zeros((2, self.pg.n_nodes, 2 * dim), dtype=g_sums.dtype)
+        g_up[self.rows] = np.concatenate([g_sums[:, :dim], -g_par], axis=1)
+        g_down[self.rows] = np.concatenate([g_sums[:, dim:2 * dim], -g_par], axis=1)
+        from_up, from_down = self._descendants(g_up), self._ancestors(g_down)
         g_fp = from_up[:, dim:] + from_down[:, dim:] + g_par.sum(axis=0)
         g_fp[self.rows] -= g_par
         for prefix, (first, hidden, out), g_out in zip(
