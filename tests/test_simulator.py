@@ -383,6 +383,29 @@ def test_numbering_does_not_change_the_step(case, preset):
     assert r2.peak_memory.tolist() == r.peak_memory.tolist()
 
 
+@settings(max_examples=60, deadline=None)
+@given(dags_with_placement(n_devices=3, max_nodes=25, with_time=True),
+       st.sampled_from(["k80x3", "baechi-4", "v100x4-nvlink"]))
+def test_times_alone_give_the_same_step(case, preset):
+    """The core without memory tracking (what RL runs where every placement fits) has
+    the full simulation's times; its peaks are the parameters' bytes."""
+    from travorder.placement.simulator import _param_memory, _places, _run, _workspace
+
+    g, p = case
+    c = _with_devices(load_cluster(preset), 3)
+    sim = Simulator(g, c)
+    full = sim.run(p)
+    node_at = sim._args[1]
+    ws = _workspace(g.n_nodes, g.n_edges, 3, False)
+    step, start, cost, _, peak, moved, n_transfers = _run(ws, p, False, False, *sim._args)
+    assert step == full.step_time_us and moved == full.bytes_moved
+    assert n_transfers == full.n_transfers
+    assert start[sim._rank].tolist() == full.start_us.tolist()
+    pl = np.empty(g.n_nodes, dtype=np.uint32)
+    _places(p, node_at, 3, pl)
+    assert peak.tolist() == _param_memory(pl, sim._args[8], 3).tolist()
+
+
 @settings(max_examples=120, deadline=None)
 @given(dags_with_placement(n_devices=3, max_nodes=25),
        st.sampled_from([("bus", "travorder"), ("channel", "travorder"), ("link", "travorder"),

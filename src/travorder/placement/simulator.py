@@ -414,7 +414,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
     moved, the number of transfers and, if ``record``, the transfers."""
     ws = _workspace(node_at.size, odst.size, bw.shape[0], record)
     step, start, cost, busy, peak, moved, n_copies = _run(
-        ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
+        ws, place, record, True, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
         param_mem, obytes, bw, lat, model, busy_after)
     k = n_copies if record else 0
     # (positions in `_workspace`'s tuple)
@@ -445,11 +445,14 @@ def _workspace(n, m, n_dev, record):
 
 
 @njit(cache=True)
-def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
-         param_mem, obytes, bw, lat, model, busy_after):
+def _run(ws, place, record, memory, times, node_at, optr, odst, iptr, isrc, iout,
+         out_bytes, param_mem, obytes, bw, lat, model, busy_after):
     """`_simulate` in the arrays ``ws`` of `_workspace`: returns the step time, start and
     cost per rank, busy time and peak memory per device, bytes moved and the number of
-    transfers (recorded in ``ws`` if ``record``).
+    transfers (recorded in ``ws`` if ``record``, which needs ``memory``). Without
+    ``memory`` only the times are simulated: the peaks are the parameters' bytes, and
+    nothing tracks tensors in memory (no freeing of inputs, no events for the start of
+    a transfer); the step time is the same.
 
     Each device's ready ops, in (ready time, rank) order, are in two queues in its slice
     ``base[d]:base[d+1]``: ops ready as soon as they are found ready (their last input
@@ -540,20 +543,20 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
             running[d] = False
             free_at[d] = t
             step = t
-            # free the inputs this op was the last to use
-            for k in range(iptr[r], iptr[r + 1]):
-                u = isrc[k]
-                c = copy_of[iout[k]]  # `local` if u is on d
-                copy_left[c] -= 1
-                if copy_left[c] == 0:
-                    mem[d] -= copy_bytes[c]
-                uses_left[u] -= 1
-                if uses_left[u] == 0:
-                    mem[pl[u]] -= out_bytes[u]
             o0 = optr[r]
             o1 = optr[r + 1]
-            if o1 == o0:
-                mem[d] -= out_bytes[r]
+            if memory:  # free the inputs this op was the last to use
+                for k in range(iptr[r], iptr[r + 1]):
+                    u = isrc[k]
+                    c = copy_of[iout[k]]  # `local` if u is on d
+                    copy_left[c] -= 1
+                    if copy_left[c] == 0:
+                        mem[d] -= copy_bytes[c]
+                    uses_left[u] -= 1
+                    if uses_left[u] == 0:
+                        mem[pl[u]] -= out_bytes[u]
+                if o1 == o0:
+                    mem[d] -= out_bytes[r]
             # one transfer per destination device, carrying the largest edge to it
             # without a branch (d's own counts are dropped): edge bytes are not negative
             for k in range(o0, o1):
@@ -585,32 +588,34 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
                         end = s + dur
                         qfree[d, x] = end + busy_after
                     arrival[x] = end
-                    c = n_copies
-                    copy_id[x] = c
-                    copy_dev[c] = x
-                    copy_bytes[c] = max_b[x]
-                    copy_left[c] = n_cons[x]
-                    copy_start[c] = s
-                    n_cons[x] = 0
-                    if record:
-                        tr_node[c] = r
-                        tr_end[c] = end
                     moved += max_b[x]
-                    max_b[x] = 0.0
-                    next_copy[c] = -1
-                    q = d * n_dev + x
-                    last = pair_tail[q]
-                    pair_tail[q] = c
-                    if last >= 0 and next_copy[last] == -1:  # last not sent yet: queue c
-                        next_copy[last] = c
-                    else:
-                        n_ev = _ev_insert(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
+                    c = n_copies
                     n_copies += 1
+                    if memory:
+                        copy_id[x] = c
+                        copy_dev[c] = x
+                        copy_bytes[c] = max_b[x]
+                        copy_left[c] = n_cons[x]
+                        copy_start[c] = s
+                        if record:
+                            tr_node[c] = r
+                            tr_end[c] = end
+                        next_copy[c] = -1
+                        q = d * n_dev + x
+                        last = pair_tail[q]
+                        pair_tail[q] = c
+                        if last >= 0 and next_copy[last] == -1:  # last not sent: queue c
+                            next_copy[last] = c
+                        else:
+                            n_ev = _ev_insert(ht, hk, n_ev, s, (SEND << KIND_SHIFT) + c)
+                    n_cons[x] = 0
+                    max_b[x] = 0.0
             copy_id[d] = local
             for k in range(o0, o1):
                 u = odst[k]
                 x = pl[u]
-                copy_of[k] = copy_id[x]
+                if memory:
+                    copy_of[k] = copy_id[x]
                 if arrival[x] > ready[u]:
                     ready[u] = arrival[x]
                 waiting[u] -= 1
@@ -672,9 +677,10 @@ def _run(ws, place, record, times, node_at, optr, odst, iptr, isrc, iout, out_by
         _prefetch(copy_of, optr[r])
         start[r] = t
         busy[d] += cost[r]
-        mem[d] += out_bytes[r]
-        if mem[d] > peak[d]:
-            peak[d] = mem[d]
+        if memory:
+            mem[d] += out_bytes[r]
+            if mem[d] > peak[d]:
+                peak[d] = mem[d]
         n_ev = _ev_insert(ht, hk, n_ev, t + cost[r], (FINISH << KIND_SHIFT) + r)
     return step, start, cost, busy, peak, moved, n_copies
 
@@ -926,7 +932,8 @@ def _batch(places, capacity, *args):  # pragma: no cover - compiled
     steps, feasible, overflow = _batch_arrays(places.shape[0])
     ws = _workspace(places.shape[1], args[3].size, args[0].shape[1], False)
     for i in range(places.shape[0]):
-        _batch_row(_run(ws, places[i], False, *args), capacity, i, steps, feasible, overflow)
+        _batch_row(_run(ws, places[i], False, True, *args), capacity, i, steps, feasible,
+                   overflow)
     return steps, feasible, overflow
 
 

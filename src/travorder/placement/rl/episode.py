@@ -48,10 +48,11 @@ def _log(cost):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
-def _evaluate(place, capacity, penalty, ws, sim):  # pragma: no cover - compiled
+def _evaluate(place, memory, capacity, penalty, ws, sim):  # pragma: no cover - compiled
     """(cost, step time, feasible, overflow) of one placement, as `PlacementEnv`, simulated
-    in the workspace ``ws`` (`_workspace`) with the simulator's arguments ``sim``."""
-    res = _run(ws, place, False, *sim)
+    in the workspace ``ws`` (`_workspace`) with the simulator's arguments ``sim``; without
+    ``memory`` (when every placement fits) only its times are simulated."""
+    res = _run(ws, place, False, memory, *sim)
     step = res[0]
     feasible = np.all(res[4] <= capacity)
     over = _overflow(res[4], capacity)
@@ -139,15 +140,16 @@ def _update_rows(rows, on, total, cost, v, lo, hi, by_group, device,
 
 
 @njit(cache=True)
-def _play(order, group, by_group, bounds, place, state, best_place, check_mask, capacity,
-          penalty, sim, rows, on, total, cost_norm, set_ptr, set_idx, first, ctx_t, w2_t,
-          b2, w3_t, b3, greedy, uniforms, reset_cands, contexts, masks, actions,
-          rewards):  # pragma: no cover - compiled
+def _play(order, group, by_group, bounds, place, state, best_place, check_mask, memory,
+          capacity, penalty, sim, rows, on, total, cost_norm, set_ptr, set_idx, first,
+          ctx_t, w2_t, b2, w3_t, b3, greedy, uniforms, reset_cands, contexts, masks,
+          actions, rewards):  # pragma: no cover - compiled
     """Play one episode in place; ``state`` is ``[cost, step, feasible, overflow,
     best_cost, best_step, best_feasible, best_overflow]``; ``reset_cands`` holds the
     first node's candidates (step times, feasibility, overflow) when the reset simulated
-    them, else is empty. Returns how many uniforms were used and how many placements
-    were simulated."""
+    them, else is empty; ``memory``: whether the simulations track memory (else every
+    placement fits). Returns how many uniforms were used and how many placements were
+    simulated."""
     n = order.size
     n_dev = masks.shape[1]
     decided = np.zeros(bounds.size - 1, dtype=np.bool_)
@@ -190,7 +192,8 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
                 else:
                     for k in range(lo, hi):
                         cand[by_group[k]] = d
-                    cost, step, feasible, over = _evaluate(cand, capacity, penalty, ws, sim)
+                    cost, step, feasible, over = _evaluate(cand, memory, capacity, penalty,
+                                                           ws, sim)
                     sims += 1
                 c_cost[d] = cost
                 c_step[d] = step
@@ -220,7 +223,8 @@ def _play(order, group, by_group, bounds, place, state, best_place, check_mask, 
             if simulated:
                 cost, step, feasible, over = c_cost[d], c_step[d], c_feas[d], c_over[d]
             else:
-                cost, step, feasible, over = _evaluate(place, capacity, penalty, ws, sim)
+                cost, step, feasible, over = _evaluate(place, memory, capacity, penalty, ws,
+                                                       sim)
                 sims += 1
             state[0], state[1], state[2], state[3] = cost, step, feasible, over
             rewards[t] = _log(old) - _log(cost)
@@ -261,11 +265,11 @@ def play_episode(env: PlacementEnv, context: StepContext, head: EpisodeHead, gre
                    np.stack([env._cand.step_time_us, env._cand.feasible, env._cand.overflow]))
     used, sims = _play(env.order, env._group, env._by_group, env._bounds, env.placement,
                        state, best, env.memory == "mask" and not env.always_fits,
-                       env.capacity, env.memory_penalty, env.sim._args, context._rows,
-                       context._device, context._total, context._cost, context.pg.set_ptr,
-                       context.pg.set_idx, head._first, _transposed(head._context),
-                       _transposed(w2), b2, _transposed(w3), b3, greedy,
-                       uniforms, reset_cands, contexts, masks, actions, rewards)
+                       not env.always_fits, env.capacity, env.memory_penalty, env.sim._args,
+                       context._rows, context._device, context._total, context._cost,
+                       context.pg.set_ptr, context.pg.set_idx, head._first,
+                       _transposed(head._context), _transposed(w2), b2, _transposed(w3), b3,
+                       greedy, uniforms, reset_cands, contexts, masks, actions, rewards)
     if not greedy:
         rng.bit_generator.state = saved
         rng.random(used)
