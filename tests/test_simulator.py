@@ -397,7 +397,7 @@ def test_times_alone_give_the_same_step(case, preset):
     full = sim.run(p)
     node_at = sim._args[1]
     ws = _workspace(g.n_nodes, g.n_edges, 3, False)
-    step, start, cost, _, peak, moved, n_transfers = _run(ws, p, False, False, *sim._args)
+    step, start, _, _, peak, moved, n_transfers = _run(ws, p, False, False, *sim._args)
     assert step == full.step_time_us and moved == full.bytes_moved
     assert n_transfers == full.n_transfers
     assert start[sim._rank].tolist() == full.start_us.tolist()
