@@ -55,8 +55,8 @@ def _segmented(X: np.ndarray, log_ratio: np.ndarray, segment: np.ndarray,
                train: np.ndarray, test: np.ndarray) -> np.ndarray:
     out = np.zeros((test.size, log_ratio.shape[1]))
     for s in np.unique(segment[test]):
-        rows = train[segment[train] == s]
-        out[segment[test] == s] = _per_order(X[rows], log_ratio[rows], X[test[segment[test] == s]])
+        rows, held_out = train[segment[train] == s], segment[test] == s
+        out[held_out] = _per_order(X[rows], log_ratio[rows], X[test[held_out]])
     return out
 
 
