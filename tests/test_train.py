@@ -37,9 +37,17 @@ def test_train_with_order_statistics_and_the_graph_network(small_dataset, tmp_pa
     from travorder.predictor.gnn import GNNParams
 
     out = tmp_path / "model"
+    lines: list[str] = []
     res = train_predictor([small_dataset], out, kinds=("regressor",),
                           params={"n_estimators": 10, "min_child_samples": 2},
-                          folds=None, gnn_params=GNNParams(epochs=1, hidden=8))
+                          folds=None, gnn_params=GNNParams(epochs=1, hidden=8),
+                          progress=lines.append)
+    # The structure blocks come before any fold, and each network fit says so.
+    k = pd.read_parquet(small_dataset)["family"].nunique()
+    expected = ["order statistics of ", *(f"graph network: fold {i}/{k} (training on "
+                                          for i in range(1, k + 1)), "graph network: all "]
+    assert all(line.startswith(e) for line, e in zip(lines, expected, strict=False))
+    assert lines[len(expected)] == "features: graph"
     t = res.evaluation.table
     assert {"regressor", "regressor(order_stats)", "regressor(gnn)",
             "regressor(order_stats+gnn)", "graph_net"} <= set(t.index)

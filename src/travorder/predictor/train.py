@@ -103,13 +103,13 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
                                           str(frame["placer"].iloc[0]), "test data"),
                              data.orders)
     extra = structure_columns(data, structure, folds, corpus_dir,
-                              tie_tolerance=_fixed_tolerance(params))
+                              tie_tolerance=_fixed_tolerance(params), progress=progress)
     if extra.missing:
         raise TravorderError(extra.missing)
     data = replace(data, X=pd.concat([data.X, *extra.columns.values()], axis=1))
     rankings = None if extra.gnn_ranking is None else {"graph_net": extra.gnn_ranking}
     if test is not None:
-        more = structure_columns(test, structure, folds, corpus_dir)
+        more = structure_columns(test, structure, folds, corpus_dir, progress=progress)
         if more.missing:
             raise TravorderError(f"test data: {more.missing}")
         test = replace(test, X=pd.concat([test.X, *more.columns.values()], axis=1))
@@ -141,8 +141,11 @@ class Structure:
 
 def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | None,
                       corpus_dir: str | None = None, gnn_params: Any = None,
-                      tie_tolerance: float = 0.02) -> Structure:
-    """The `travorder.predictor.structure` blocks ``blocks`` for the rows of ``data``."""
+                      tie_tolerance: float = 0.02,
+                      progress: Callable[[str], None] | None = None) -> Structure:
+    """The `travorder.predictor.structure` blocks ``blocks`` for the rows of ``data``;
+    ``progress`` gets a line before each block and each of the graph network's fits."""
+    say = progress or (lambda _: None)
     if not blocks:
         return Structure({})
     try:
@@ -151,6 +154,7 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
         return Structure({}, missing=str(exc))
     out = Structure({})
     if "order_stats" in blocks:
+        say(f"order statistics of {len(graphs)} prepared graphs")
         stats = [order_statistics(g, {o: traversal_order(g, o) for o in data.orders})
                  for g in graphs]
         out.columns["order_stats"] = pd.DataFrame([stats[i] for i in graph_of_row])
@@ -168,7 +172,9 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
                            cnames, gnn_params)
 
         held_out: list[dict[str, float]] = [{}] * len(T)
-        for f in np.unique(fold):
+        for i, f in enumerate(np.unique(fold), 1):
+            say(f"graph network: fold {i}/{np.unique(fold).size} "
+                f"(training on {int((fold != f).sum())} rows)")
             net = fit(fold != f).numpy()
             for gi in np.unique(graph_of_row[fold == f]):
                 rows = np.flatnonzero((fold == f) & (graph_of_row == gi))
@@ -183,6 +189,7 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
         for f in np.unique(fold):
             safety[fold == f] = (np.exp(log_ratio[fold != f]) - 1).mean(axis=0)
         out.gnn_ranking = tie_ranking(regret, safety, tie_tolerance)
+        say(f"graph network: all {len(T)} rows")
         out.net = fit(np.ones(len(T), dtype=bool))
     return out
 
@@ -214,8 +221,9 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     ``folds``: family-grouped folds of the evaluation (None: one family per fold).
     The structure blocks need the graphs the study placed: found by ``graph_hash`` in the
     corpus (``corpus_dir``, default the bundled one); without them the blocks are skipped
-    and the manifest says why. ``progress``: gets a line per fold of each kind and
-    feature set evaluated, and before the final fit.
+    and the manifest says why. ``progress``: gets a line per structure block and graph
+    network fit, per fold of each kind and feature set evaluated, and before the final
+    fit.
     """
     if Path(out).exists() and not Path(out).is_dir():
         raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
@@ -229,7 +237,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
         raise TravorderError("leave-family-out evaluation needs at least two families")
     params = dict(params or {})
     extra = structure_columns(data, structure, folds, corpus_dir, gnn_params,
-                              _fixed_tolerance(params))
+                              _fixed_tolerance(params), progress)
     blocks = [b for b in structure if b in extra.columns]
     parts: list[Evaluation] = []
     for combo in _variants(blocks):
