@@ -8,7 +8,7 @@ it prints how often the coarsened graph's best order is also best (within 1%) on
 whole graph, and the regret on the whole graph of: that order (what a perfect predictor of
 coarsened labels would get), always ``critical_path``, and ``critical_path`` on the
 coarsened graph (what the coarsened study saw). Step times are simulated on the graph
-placed (docs/study.md, "Coarsening and the labels").
+placed (docs/study.md, "What coarsening did to the greedy labels").
 
     python benchmarks/coarsened_labels.py [--max-nodes 1000] [--every 1] [--jobs 2]
 """

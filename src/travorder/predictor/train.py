@@ -172,8 +172,9 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
                            cnames, gnn_params)
 
         held_out: list[dict[str, float]] = [{}] * len(T)
-        for i, f in enumerate(np.unique(fold), 1):
-            say(f"graph network: fold {i}/{np.unique(fold).size} "
+        fold_ids = np.unique(fold)
+        for i, f in enumerate(fold_ids, 1):
+            say(f"graph network: fold {i}/{fold_ids.size} "
                 f"(training on {int((fold != f).sum())} rows)")
             net = fit(fold != f).numpy()
             for gi in np.unique(graph_of_row[fold == f]):
@@ -186,7 +187,7 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
         # The network alone, ranked as `OrderPredictor` ranks (its scores are log-ratios).
         regret = np.expm1(np.maximum(cols[[f"g_{o}" for o in data.orders]].to_numpy(), 0))
         safety = np.zeros_like(regret)
-        for f in np.unique(fold):
+        for f in fold_ids:
             safety[fold == f] = (np.exp(log_ratio[fold != f]) - 1).mean(axis=0)
         out.gnn_ranking = tie_ranking(regret, safety, tie_tolerance)
         say(f"graph network: all {len(T)} rows")
