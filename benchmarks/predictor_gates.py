@@ -1,6 +1,7 @@
 """Confidence gates for the learned pick: tie tolerances, chosen or fixed, per scenario.
 
-For a study dataset, fits a regressor (graph features and order statistics) once per
+For a study dataset, fits a regressor (the shipped model's features: graph, cluster and
+scenario; ``--structure order_stats`` adds the order statistics) once per
 family-grouped fold, and within each fold's training rows once per inner fold (the inner
 cross-validation of `OrderPredictor(tie_tolerance=None)`), then ranks the held-out rows'
 expected regrets with:
@@ -19,7 +20,7 @@ the worst family's excess and the families worse beyond noise (`evaluate`), and 
 regret per scenario.
 
     python benchmarks/predictor_gates.py [--data bundled:greedy] [--folds 10]
-        [--params '{"num_leaves": 7}'] [--no-inner] [--pooled]
+        [--params '{"num_leaves": 7}'] [--no-inner] [--structure order_stats [--pooled]]
 """
 
 from __future__ import annotations
@@ -82,15 +83,20 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=10)
     ap.add_argument("--params", default="{}", help="OrderPredictor parameters (JSON)")
     ap.add_argument("--no-inner", action="store_true", help="fixed tolerances only")
+    ap.add_argument("--structure", default="", help="extra feature blocks, e.g. order_stats")
     ap.add_argument("--pooled", action="store_true",
-                    help="also one regressor over (row, order) pairs")
+                    help="also one regressor over (row, order) pairs (needs order_stats)")
     args = ap.parse_args()
+    blocks = tuple(b for b in args.structure.split(",") if b)
+    if args.pooled and "order_stats" not in blocks:
+        ap.error("--pooled sees each order through its statistics: add --structure "
+                 "order_stats")
     params = json.loads(args.params)
     frame = read_sources([args.data])
     data = design_matrix(frame)
-    data = replace(data, X=pd.concat(
-        [data.X, *structure_columns(data, ("order_stats",), args.folds).columns.values()],
-        axis=1))
+    if blocks:
+        data = replace(data, X=pd.concat(
+            [data.X, *structure_columns(data, blocks, args.folds).columns.values()], axis=1))
     T = data.times.to_numpy()
     regret = T / T.min(axis=1, keepdims=True) - 1
     scenario = frame["scenario"].astype(str).to_numpy()
@@ -163,8 +169,8 @@ def main() -> None:
     ev = evaluate(data, kinds=(), rankings=rankings, verify=(), folds=args.folds)
     t = ev.table
     fixed = t.loc["best-fixed", "mean_regret"]
-    print(f"{args.data}: {n} rows, {args.folds} family folds, regressor(order_stats) "
-          f"{params or ''}")
+    print(f"{args.data}: {n} rows, {args.folds} family folds, "
+          f"regressor({'+'.join(blocks)}) {params or ''}")
     print("| method | mean regret | / best-fixed | top-1 | worst family | families worse |")
     for m in [*rankings, "best-fixed", "best-fixed-per-scenario"]:
         r = t.loc[m]

@@ -2,11 +2,12 @@
 
 For a study dataset (default ``bundled:greedy``), fits per family-grouped fold a set of
 LightGBM regressors, one per order, in each variant below (the shipped model's
-parameters, graph features and order statistics), ranks the held-out rows' expected
-regrets with tie tolerances 0 and 0.02 (`tie_ranking`, the training rows' best fixed
-order the safest), and prints the mean regret (%), the worst family's excess over
-``best-fixed``, the families worse beyond noise and the ratio to ``best-fixed`` per
-scenario (`evaluate`):
+parameters and features: graph, cluster and scenario; ``--structure order_stats`` adds
+the order statistics), ranks the held-out rows' expected regrets with tie tolerances 0
+and 0.02 (`tie_ranking`, the training rows' best fixed order the safest), and prints
+the mean regret (%), the worst family's excess over ``best-fixed``, the families worse
+beyond noise and the ratio to ``best-fixed`` per scenario (`evaluate`), then the
+families worse beyond noise by name:
 
 - ``shipped``: ``log(step time / best)`` over every row (`OrderPredictor("regressor")`);
 - ``relative``: ``log(step time / the best fixed order's)``, that order's prediction 0;
@@ -17,9 +18,16 @@ scenario (`evaluate`):
   for the pipelined rows;
 - ``per-micro-batches``: one set per micro-batch count (1, 4, 8);
 - ``per-scenario``: one set per scenario;
+- ``quantile``: the shipped target, each regressor fitted to its 0.75 quantile (a
+  risk-averse pick: an order whose regret is heavy-tailed ranks lower);
+- ``probe``: the shipped target, with three features of one placement beside the
+  others: the single-device step time (log10), whether one device holds the step, and
+  the log speedup over one device of the training rows' best fixed order (the study's
+  step time for it; recommending would place the graph once with that order);
 - ``a+b``: the mean of two variants' ``log(1 + expected regret)``.
 
     python benchmarks/predictor_targets.py [--data bundled:greedy] [--folds 10]
+        [--structure order_stats]
 """
 
 from __future__ import annotations
@@ -38,15 +46,17 @@ from travorder.predictor.model import OrderPredictor, tie_ranking
 from travorder.predictor.train import read_sources, structure_columns
 
 ENSEMBLES = (("shipped", "per-scenario"), ("shipped", "pipelined-split"),
-             ("per-scenario", "pipelined-split"))
+             ("per-scenario", "pipelined-split"), ("shipped", "quantile"))
+QUANTILE = 0.75
 
 
 def _per_order(X: np.ndarray, Y: np.ndarray, X_test: np.ndarray,
-               weight: np.ndarray | None = None) -> np.ndarray:
-    """One LightGBM regressor per column of ``Y`` (the shipped parameters), predicted."""
+               weight: np.ndarray | None = None, **params: float | str) -> np.ndarray:
+    """One LightGBM regressor per column of ``Y`` (the shipped parameters, updated by
+    ``params``), predicted."""
     import lightgbm as lgb
 
-    params = OrderPredictor("regressor")._lgb_params()
+    params = OrderPredictor("regressor")._lgb_params() | params
     return np.column_stack([lgb.LGBMRegressor(**params).fit(X, y, sample_weight=weight)
                             .predict(X_test) for y in Y.T])
 
@@ -61,14 +71,23 @@ def _segmented(X: np.ndarray, log_ratio: np.ndarray, segment: np.ndarray,
 
 
 def _variant(name: str, X: np.ndarray, T: np.ndarray, segments: dict[str, np.ndarray],
-             train: np.ndarray, test: np.ndarray) -> np.ndarray:
-    """The held-out rows' predicted log-ratios to their best order."""
+             single: np.ndarray, train: np.ndarray, test: np.ndarray) -> np.ndarray:
+    """The held-out rows' predicted log-ratios to their best order (``single``: the
+    single-device step time and whether one device holds the step, per row)."""
     log_ratio = np.log(T / T.min(axis=1, keepdims=True))
+    ref = (np.exp(log_ratio[train]) - 1).mean(axis=0).argmin()
     if name == "relative":
-        ref = (np.exp(log_ratio[train]) - 1).mean(axis=0).argmin()
         pred = _per_order(X[train], np.log(T[train] / T[train, ref, None]), X[test])
         pred[:, ref] = 0.0
         return pred - pred.min(axis=1, keepdims=True)
+    if name == "quantile":
+        return _per_order(X[train], log_ratio[train], X[test], objective="quantile",
+                          alpha=QUANTILE)
+    if name == "probe":
+        probe = np.column_stack([np.log10(single[:, 0]), single[:, 1],
+                                 np.log(single[:, 0] / T[:, ref])])
+        Xp = np.hstack([X, probe])
+        return _per_order(Xp[train], log_ratio[train], Xp[test])
     if name == "clip1.5":
         return _per_order(X[train], np.minimum(log_ratio[train], np.log(1.5)), X[test])
     if name == "weighted":
@@ -87,19 +106,22 @@ def main() -> None:
     ap.add_argument("--data", default="bundled:greedy")
     ap.add_argument("--folds", type=int, default=10)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--structure", default="", help="extra feature blocks, e.g. order_stats")
     args = ap.parse_args()
     frame = read_sources([args.data])
     data = design_matrix(frame)
-    data = replace(data, X=pd.concat(
-        [data.X, *structure_columns(data, ("order_stats",), args.folds).columns.values()],
-        axis=1))
+    blocks = tuple(b for b in args.structure.split(",") if b)
+    if blocks:
+        data = replace(data, X=pd.concat(
+            [data.X, *structure_columns(data, blocks, args.folds).columns.values()], axis=1))
     X, T = data.X.to_numpy(float), data.times.to_numpy(float)
     regret = T / T.min(axis=1, keepdims=True) - 1
     fold = family_folds(data.family, args.folds)
     mb = data.X["s_micro_batches"].to_numpy()
     segments = {"pipelined-split": mb > 1, "per-micro-batches": mb,
                 "per-scenario": frame["scenario"].astype(str).to_numpy()}
-    names = ["shipped", "relative", "clip1.5", "weighted", *segments]
+    single = data.frame[["single_device_us", "single_device_feasible"]].to_numpy(float)
+    names = ["shipped", "relative", "clip1.5", "weighted", *segments, "quantile", "probe"]
     safety = np.zeros(T.shape)
     for f in np.unique(fold):
         safety[fold == f] = regret[fold != f].mean(axis=0)
@@ -107,7 +129,7 @@ def main() -> None:
     for name in names:
         start = time.perf_counter()
         parts = Parallel(n_jobs=args.jobs)(
-            delayed(_variant)(name, X, T, segments, np.flatnonzero(fold != f),
+            delayed(_variant)(name, X, T, segments, single, np.flatnonzero(fold != f),
                               np.flatnonzero(fold == f)) for f in np.unique(fold))
         predicted[name] = np.zeros(T.shape)
         for f, part in zip(np.unique(fold), parts, strict=True):
@@ -128,6 +150,11 @@ def main() -> None:
     with pd.option_context("display.width", 250):
         print(table.round({"mean_regret": 2, "worst_family_excess": 1, **{
             s: 3 for s in ratio.columns}}).to_string())
+    for m in rankings:
+        fam = ev.families.loc[m]
+        worse = fam[fam["worse"]]
+        print(f"{m}: families worse beyond noise: " + (", ".join(
+            f"{f} {100 * r.excess:+.1f}" for f, r in worse.iterrows()) or "none"))
 
 
 if __name__ == "__main__":
