@@ -448,6 +448,29 @@ def test_train_model_show_evaluate_and_reset(capsys, datasets, config_home, tmp_
     assert code == 0 and "no user default model was installed" in text
 
 
+def test_evaluate_as_placed_scores_the_single_device_floor(capsys, datasets, tmp_path):
+    import pandas as pd
+
+    floored = tmp_path / "floored.csv"
+    pd.read_csv(datasets["learnable"]).assign(
+        single_device_us=1.2, single_device_feasible=True).to_csv(floored, index=False)
+    base = ["evaluate", "--data", str(floored), "--kinds", "classifier", "--folds", "5",
+            "--json"]
+    code, text, err = run(capsys, *base)
+    assert code == 0, err
+    raw = {r["method"]: r for r in json.loads(text)["table"]}
+    code, text, err = run(capsys, *base, "--as-placed")
+    assert code == 0, err
+    placed = {r["method"]: r for r in json.loads(text)["table"]}
+    # dfs_preorder's placement (2.0) is twice the best (1.0); one device takes 1.2
+    assert raw["always-dfs_preorder"]["mean_regret"] == pytest.approx(1.0)
+    assert placed["always-dfs_preorder"]["mean_regret"] == pytest.approx(0.2)
+    assert placed["random"]["mean_regret"] < raw["random"]["mean_regret"]
+    code, _, err = run(capsys, "evaluate", "--data", datasets["learnable"], "--as-placed")
+    assert code == 2 and "lacks the single-device floor" in err
+    assert err.strip().count("\n") == 0
+
+
 def test_evaluate_with_test_data_breaks_the_result_down(capsys, datasets, tmp_path):
     import pandas as pd
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from travorder.datasets.synthetic import chain, rnn
 from travorder.errors import FormatError, TravorderError
@@ -23,7 +25,14 @@ from travorder.graph import OpGraph, prepare_graph
 from travorder.placement import PLACERS, load_cluster
 from travorder.placement.placers.heuristics import greedy
 from travorder.study import ResultStore, StudySpec, load_spec, run_study
-from travorder.study.export import dataset_frame, export_dataset, load_dataset, read_sources
+from travorder.study.export import (
+    as_placed,
+    dataset_frame,
+    dataset_orders,
+    export_dataset,
+    load_dataset,
+    read_sources,
+)
 from travorder.study.jobs import make_job, run_job
 from travorder.study.report import (
     granularity,
@@ -455,6 +464,40 @@ def test_export_means_errors_and_ties(tmp_path):
     assert row["c_n_devices"] == 3 and row["family"] == "fam" and row["n_nodes"] == 2
     strict = dataset_frame(tmp_path / "h.sqlite", rel_tol=0.0).iloc[0]
     assert strict["ties"] == "bfs,lexico_topo,topo"
+
+
+def test_as_placed_applies_the_single_device_floor(tmp_path):
+    _hand_store(tmp_path / "h.sqlite")
+    raw = dataset_frame(tmp_path / "h.sqlite")
+    placed = as_placed(raw)
+    row = placed.iloc[0]
+    # one device takes 190 us: alpha's 305 us and dfs_preorder (over memory on one of its
+    # two seeds) come back as the single-device placement
+    assert row["time_alpha"] == row["time_dfs_preorder"] == 190
+    assert row["se_alpha"] == 0 and row["feasible_dfs_preorder"] == 1
+    assert row["time_topo"] == 100 and row["se_topo"] == raw.iloc[0]["se_topo"]
+    assert row["best_order"] == "bfs" and row["ties"] == raw.iloc[0]["ties"]
+    assert row["worst_order"] == "dfs_preorder"
+    assert row["gap_worst"] == pytest.approx(190 / 95 - 1)
+    assert as_placed(placed).equals(placed)
+    assert as_placed(raw.assign(single_device_feasible=False))["time_alpha"].iloc[0] == 305
+    slow = as_placed(raw.assign(single_device_us=50.0)).iloc[0]
+    assert slow["best_time_us"] == 50 and slow["n_ties"] == len(dataset_orders(raw))
+    assert slow["speedup"] == 1
+    with pytest.raises(TravorderError, match="lacks the single-device floor"):
+        as_placed(raw.drop(columns="single_device_us"))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.floats(1, 1e4), min_size=2, max_size=5), st.floats(1, 1e4),
+       st.booleans())
+def test_as_placed_is_never_slower_than_one_device_that_fits(times, single, fits):
+    row = {"single_device_us": single, "single_device_feasible": fits,
+           **{f"time_o{i}": t for i, t in enumerate(times)}}
+    placed = as_placed(pd.DataFrame([row])).iloc[0]
+    expected = [min(t, single) if fits else t for t in times]
+    assert [placed[f"time_o{i}"] for i in range(len(times))] == expected
+    assert placed["best_time_us"] == min(expected)
 
 
 @pytest.mark.parametrize("name", ["d.parquet", "d.csv", "d.csv.gz"])

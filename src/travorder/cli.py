@@ -527,7 +527,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
 
     ev = evaluate_sources(args.data, args.test_data, placer=args.placer,
                           kinds=_kinds(args.kinds), structure=_blocks(args.structure),
-                          folds=args.folds,
+                          folds=args.folds, placed=args.as_placed,
                           progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         _print_json({**ev.summary(), "per_family": ev.per_family.to_dict()})
@@ -702,6 +702,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", type=int, metavar="K",
                    help="hold out K groups of families in turn (default: one family at "
                         "a time)")
+    p.add_argument("--as-placed", action="store_true",
+                   help="score each order's step time as `travorder place` hands it back: "
+                        "the single-device placement where that one is faster or the "
+                        "order's does not fit memory (the models still learn from the "
+                        "placer's own placements)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_evaluate)
 

@@ -34,7 +34,7 @@ from travorder.predictor.model import (
     tie_ranking,
 )
 from travorder.predictor.structure import BLOCKS, order_statistics
-from travorder.study.export import read_sources
+from travorder.study.export import as_placed, read_sources
 
 if TYPE_CHECKING:  # torch and torch-geometric are imported only to train the network
     from travorder.predictor.gnn import TrainedGNN
@@ -83,11 +83,15 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
                      placer: str | None = None, kinds: Sequence[str] = KINDS,
                      params: dict[str, Any] | None = None, structure: Sequence[str] = (),
                      folds: int | None = None, corpus_dir: str | None = None,
-                     progress: Callable[[str], None] | None = None) -> Evaluation:
+                     progress: Callable[[str], None] | None = None,
+                     placed: bool = False) -> Evaluation:
     """`evaluate` the ``kinds`` on ``sources`` (read as `train_predictor` reads them) with
     the ``structure`` feature blocks, leave-family-out; with ``test_sources``, scored on
     their rows of the held-out families (`evaluate`'s ``test``: train on one study, test
-    on another, e.g. the same graphs under perturbed step-time costs)."""
+    on another, e.g. the same graphs under perturbed step-time costs). ``placed``: score
+    the step times as `travorder.place` hands them back, with the single-device floor
+    (`travorder.study.export.as_placed`); the models still learn from the placer's own
+    placements."""
     if folds is not None and folds < 2:
         raise TravorderError(f"--folds must be at least 2, got {folds}")
     frame = _placer_rows(read_sources(sources), placer)
@@ -113,6 +117,9 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
         if more.missing:
             raise TravorderError(f"test data: {more.missing}")
         test = replace(test, X=pd.concat([test.X, *more.columns.values()], axis=1))
+    if placed:
+        scored = data if test is None else test
+        test = replace(design_matrix(as_placed(scored.frame), data.orders), X=scored.X)
     return evaluate(data, kinds, params, folds=folds, rankings=rankings, progress=progress,
                     test=test)
 

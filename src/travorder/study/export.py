@@ -148,24 +148,31 @@ def _row(key: tuple[Any, ...], jobs: Any, orders: list[str], rel_tol: float
         feasible[o] = float(g["feasible"].mean()) if n else np.nan
         rec.update({f"time_{o}": times[o], f"se_{o}": ses[o], f"seeds_{o}": n,
                     f"feasible_{o}": feasible[o]})
-    ran = [o for o in orders if not np.isnan(times[o])]
+    groups = _construction_groups({o: per_order[o] for o in orders if o in per_order})
+    first = jobs.iloc[0]
+    single_ok = bool(first["single_device_feasible"])
+    single_us = np.nan if first["single_device_us"] is None else float(
+        first["single_device_us"])
+    rec.update({"study_hash": first["study_hash"], "single_device_us": single_us,
+                "single_device_feasible": single_ok,
+                **_summary(times, ses, feasible, groups, single_us, single_ok, rel_tol)})
+    return rec
+
+
+def _summary(times: dict[str, float], ses: dict[str, float], feasible: dict[str, float],
+             groups: list[list[str]], single_us: float, single_ok: bool, rel_tol: float
+             ) -> dict[str, Any]:
+    """A row's columns from ``best_order`` to ``second_tied`` (the module docstring)."""
+    ran = [o for o in times if not np.isnan(times[o])]
     pool = [o for o in ran if feasible[o] == 1.0] or ran
     pool.sort(key=lambda o: (times[o], o))
     best = pool[0]
-    groups = _construction_groups({o: per_order[o] for o in ran})
     same = next((set(g) for g in groups if best in g), {best})
     ties = [o for o in pool if o in same
             or tied_with(times[o], ses[o], times[best], ses[best], rel_tol)]
     others = [o for o in pool if o not in same]
     worst = max(ran, key=lambda o: (times[o], o))
-    first = jobs.iloc[0]
-    single_ok = bool(first["single_device_feasible"])
-    single_us = np.nan if first["single_device_us"] is None else float(
-        first["single_device_us"])
-    rec.update({
-        "study_hash": first["study_hash"],
-        "single_device_us": single_us,
-        "single_device_feasible": single_ok,
+    return {
         "best_order": best, "best_time_us": times[best],
         "ties": ",".join(ties), "n_ties": len(ties),
         "speedup": single_us / times[best] if single_ok else np.nan,
@@ -175,8 +182,56 @@ def _row(key: tuple[Any, ...], jobs: Any, orders: list[str], rel_tol: float
         "gap_second": times[others[0]] / times[best] - 1 if others else np.nan,
         "second_tied": (tied_with(times[others[0]], ses[others[0]], times[best],
                                   ses[best], rel_tol) if others else True),
-    })
-    return rec
+    }
+
+
+def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
+    """``data`` as `travorder.place` hands placements back: with the single-device floor.
+
+    Where one device holds the step and an order's placement is slower than it, or does
+    not fit memory on some seed, its ``time_``, ``se_`` and ``feasible_`` become the
+    single device's (``se`` 0; a dataset without ``se_`` or ``feasible_`` columns counts
+    as one seed, feasible), and the summary columns follow. Over several seeds the
+    floor applies to the mean, which can only overstate that order's mean step time as
+    placed (the mean of ``min(time, floor)`` is at most the ``min`` of the mean).
+
+    >>> import pandas as pd
+    >>> row = {"single_device_us": 100.0, "single_device_feasible": True,
+    ...        "construction_ties": "", "time_a": 90.0, "se_a": 0.0, "feasible_a": 1.0,
+    ...        "time_b": 130.0, "se_b": 0.0, "feasible_b": 1.0}
+    >>> placed = as_placed(pd.DataFrame([row]))
+    >>> r = placed.iloc[0]
+    >>> float(r["time_b"]), r["best_order"], round(float(r["gap_worst"]), 3)
+    (100.0, 'a', 0.111)
+    """
+    missing = [c for c in ("single_device_us", "single_device_feasible")
+               if c not in data.columns]
+    if missing:
+        raise TravorderError(f"dataset lacks the single-device floor ({missing[0]!r}); "
+                             "export it again from its result store")
+    out = data.copy()
+    orders = dataset_orders(data)
+    single = data["single_device_us"].to_numpy(dtype=float)
+    fits = data["single_device_feasible"].astype(bool).to_numpy()
+    for o in orders:
+        t = data[f"time_{o}"].to_numpy(dtype=float)
+        se, feasible = (data[f"{c}_{o}"].to_numpy(dtype=float) if f"{c}_{o}" in data.columns
+                        else np.full(len(data), v) for c, v in (("se", 0.0), ("feasible", 1.0)))
+        floor = fits & ((feasible < 1.0) | (t > single))
+        out[f"time_{o}"] = np.where(floor, single, t)
+        out[f"se_{o}"] = np.where(floor, 0.0, se)
+        out[f"feasible_{o}"] = np.where(floor, 1.0, feasible)
+    rows = []
+    for rec in out.to_dict("records"):
+        groups = [g.split("=") for g in (rec.get("construction_ties") or "").split(";") if g]
+        rows.append(_summary({o: rec[f"time_{o}"] for o in orders},
+                             {o: rec[f"se_{o}"] for o in orders},
+                             {o: rec[f"feasible_{o}"] for o in orders}, groups,
+                             rec["single_device_us"], bool(rec["single_device_feasible"]),
+                             rel_tol))
+    for column in rows[0] if rows else ():
+        out[column] = [r[column] for r in rows]
+    return out
 
 
 def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
