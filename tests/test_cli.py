@@ -465,7 +465,20 @@ def test_evaluate_as_placed_scores_the_single_device_floor(capsys, datasets, tmp
     # dfs_preorder's placement (2.0) is twice the best (1.0); one device takes 1.2
     assert raw["always-dfs_preorder"]["mean_regret"] == pytest.approx(1.0)
     assert placed["always-dfs_preorder"]["mean_regret"] == pytest.approx(0.2)
-    assert placed["random"]["mean_regret"] < raw["random"]["mean_regret"]
+    assert json.loads(text)["as_placed"] and not json.loads(run(capsys, *base)[1])["as_placed"]
+    # with --test-data, the test rows are the ones floored
+    fixed = tmp_path / "fixed.csv"
+    pd.read_csv(datasets["fixed"]).assign(
+        single_device_us=1.1, single_device_feasible=True).to_csv(fixed, index=False)
+    code, text, err = run(capsys, "evaluate", "--data", datasets["learnable"], "--kinds",
+                          "classifier", "--folds", "5", "--test-data", str(fixed),
+                          "--as-placed", "--json")
+    assert code == 0, err
+    tested = {r["method"]: r for r in json.loads(text)["table"]}
+    assert tested["always-dfs_preorder"]["mean_regret"] == pytest.approx(0.1)
+    assert tested["always-topo"]["mean_regret"] == 0
+    code, text, _ = run(capsys, *base[:-1], "--as-placed")
+    assert code == 0 and "as placed" in text
     code, _, err = run(capsys, "evaluate", "--data", datasets["learnable"], "--as-placed")
     assert code == 2 and "lacks the single-device floor" in err
     assert err.strip().count("\n") == 0

@@ -486,6 +486,16 @@ def test_as_placed_applies_the_single_device_floor(tmp_path):
     assert slow["speedup"] == 1
     with pytest.raises(TravorderError, match="lacks the single-device floor"):
         as_placed(raw.drop(columns="single_device_us"))
+    # a CSV export reads an empty construction_ties as NaN
+    export_dataset(tmp_path / "h.sqlite", tmp_path / "d.csv")
+    csv = load_dataset(tmp_path / "d.csv").assign(construction_ties=np.nan)
+    assert as_placed(csv).iloc[0]["time_alpha"] == 190
+    # no single-device time, or no step time at all: the row stays as it is
+    unknown = raw.assign(single_device_us=np.nan, single_device_feasible=np.nan)
+    assert as_placed(unknown).iloc[0]["time_alpha"] == 305
+    times = [c for c in raw.columns if c.startswith("time_")]
+    empty = pd.concat([raw, raw.assign(**{c: np.nan for c in times})], ignore_index=True)
+    assert as_placed(empty).iloc[1]["best_order"] == "bfs"
 
 
 @settings(max_examples=50, deadline=None)

@@ -530,8 +530,12 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
                           folds=args.folds, placed=args.as_placed,
                           progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
-        _print_json({**ev.summary(), "per_family": ev.per_family.to_dict()})
+        _print_json({**ev.summary(), "as_placed": args.as_placed,
+                     "per_family": ev.per_family.to_dict()})
         return
+    if args.as_placed:
+        print("step times scored as placed: the single-device placement where it is faster "
+              "or the order's does not fit memory")
     _print_evaluation(ev, per_family=True)
 
 

@@ -189,11 +189,14 @@ def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
     """``data`` as `travorder.place` hands placements back: with the single-device floor.
 
     Where one device holds the step and an order's placement is slower than it, or does
-    not fit memory on some seed, its ``time_``, ``se_`` and ``feasible_`` become the
-    single device's (``se`` 0; a dataset without ``se_`` or ``feasible_`` columns counts
-    as one seed, feasible), and the summary columns follow. Over several seeds the
-    floor applies to the mean, which can only overstate that order's mean step time as
-    placed (the mean of ``min(time, floor)`` is at most the ``min`` of the mean).
+    not fit memory on some seed (`travorder.placement.placers.falls_back`), its
+    ``time_``, ``se_`` and ``feasible_`` become the single device's (``se`` 0), and the
+    summary columns follow (rows without any step time stay as they are). A dataset
+    without ``se_`` or ``feasible_`` columns counts as one seed per order, feasible (the
+    columns are added). Over several seeds the floor applies to the mean, which can only
+    overstate that order's mean step time as placed (the mean of ``min(time, floor)`` is
+    at most the ``min`` of the mean), and the floored order's ``se`` 0 can only make
+    ties with it stricter.
 
     >>> import pandas as pd
     >>> row = {"single_device_us": 100.0, "single_device_feasible": True,
@@ -209,28 +212,38 @@ def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
     if missing:
         raise TravorderError(f"dataset lacks the single-device floor ({missing[0]!r}); "
                              "export it again from its result store")
+    import pandas as pd
+
+    from travorder.placement.placers import falls_back  # the simulator's import: not on load
+
     out = data.copy()
     orders = dataset_orders(data)
     single = data["single_device_us"].to_numpy(dtype=float)
-    fits = data["single_device_feasible"].astype(bool).to_numpy()
+    fits = (data["single_device_feasible"].to_numpy(dtype=float, na_value=0.0) > 0) & (
+        np.isfinite(single))
     for o in orders:
         t = data[f"time_{o}"].to_numpy(dtype=float)
-        se, feasible = (data[f"{c}_{o}"].to_numpy(dtype=float) if f"{c}_{o}" in data.columns
-                        else np.full(len(data), v) for c, v in (("se", 0.0), ("feasible", 1.0)))
-        floor = fits & ((feasible < 1.0) | (t > single))
+        se = (data[f"se_{o}"].to_numpy(dtype=float) if f"se_{o}" in data.columns
+              else np.zeros(len(data)))
+        feasible = (data[f"feasible_{o}"].to_numpy(dtype=float)
+                    if f"feasible_{o}" in data.columns else np.ones(len(data)))
+        floor = falls_back(t, feasible >= 1.0, single, fits) & ~np.isnan(t)  # o did not run
         out[f"time_{o}"] = np.where(floor, single, t)
         out[f"se_{o}"] = np.where(floor, 0.0, se)
         out[f"feasible_{o}"] = np.where(floor, 1.0, feasible)
-    rows = []
-    for rec in out.to_dict("records"):
-        groups = [g.split("=") for g in (rec.get("construction_ties") or "").split(";") if g]
-        rows.append(_summary({o: rec[f"time_{o}"] for o in orders},
-                             {o: rec[f"se_{o}"] for o in orders},
-                             {o: rec[f"feasible_{o}"] for o in orders}, groups,
-                             rec["single_device_us"], bool(rec["single_device_feasible"]),
-                             rel_tol))
-    for column in rows[0] if rows else ():
-        out[column] = [r[column] for r in rows]
+    timed = out[[f"time_{o}" for o in orders]].notna().any(axis=1).to_numpy()
+    summaries = []
+    for rec, ok in zip(out[timed].to_dict("records"), fits[timed], strict=True):
+        ties = rec.get("construction_ties")
+        groups = [g.split("=") for g in ties.split(";") if g] if isinstance(ties, str) else []
+        summaries.append(_summary({o: rec[f"time_{o}"] for o in orders},
+                                  {o: rec[f"se_{o}"] for o in orders},
+                                  {o: rec[f"feasible_{o}"] for o in orders}, groups,
+                                  rec["single_device_us"], bool(ok), rel_tol))
+    new = pd.DataFrame(summaries, index=out.index[timed])
+    for column in new.columns:
+        before = out[column] if column in out.columns else pd.Series(np.nan, index=out.index)
+        out[column] = new[column].reindex(out.index).where(timed, before)
     return out
 
 

@@ -184,6 +184,20 @@ def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
                               seed=seed, wall_s=wall, learning_curve=curve, floor=floor)
 
 
+def falls_back(step_time_us: Any, feasible: Any, single_device_us: Any,
+               single_device_feasible: Any) -> Any:
+    """Whether the single-device placement replaces a placer's (elementwise): one device
+    fits, and the placer's placement does not or is slower.
+
+    >>> bool(falls_back(120.0, True, 100.0, True)), bool(falls_back(90.0, False, 100.0, True))
+    (True, True)
+    >>> bool(falls_back(90.0, True, 100.0, True)), bool(falls_back(120.0, True, 100.0, False))
+    (False, False)
+    """
+    return np.logical_and(single_device_feasible, np.logical_or(
+        np.logical_not(feasible), np.less(single_device_us, step_time_us)))
+
+
 def evaluate_placement(graph: OpGraph, cluster: Cluster, placement: Any, *, placer: str,
                        order: str, seed: int, wall_s: float,
                        learning_curve: Any = None, floor: bool = False) -> PlacementResult:
@@ -194,8 +208,8 @@ def evaluate_placement(graph: OpGraph, cluster: Cluster, placement: Any, *, plac
     sim = simulator.run(placement)
     alone = single(graph, cluster, np.arange(graph.n_nodes), seed)
     floor_sim = simulator.run(alone)
-    fallback = floor and floor_sim.feasible and (
-        not sim.feasible or floor_sim.step_time_us < sim.step_time_us)
+    fallback = floor and bool(falls_back(sim.step_time_us, sim.feasible,
+                                         floor_sim.step_time_us, floor_sim.feasible))
     chosen, chosen_sim = (alone, floor_sim) if fallback else (placement, sim)
     return PlacementResult(
         placement=chosen, step_time_us=chosen_sim.step_time_us,
