@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 
 from travorder.predictor.dataset import design_matrix
-from travorder.predictor.evaluate import evaluate, family_folds
+from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
 from travorder.predictor.model import TOLERANCES, OrderPredictor, tie_ranking
 from travorder.predictor.structure import ORDER_STATS
 from travorder.predictor.train import read_sources, structure_columns
@@ -183,12 +183,17 @@ def main() -> None:
              "best-fixed-per-scenario"]
     for m, r in b.loc[[m for m in shown if m in b.index]].iterrows():
         print(f"| {m} | " + " | ".join(f"{100 * v:.2f}%" for v in r) + " |")
-    for m in ("tol0.02", "pooled-tol0.02", "gate-cv"):
-        if m in rankings:
-            fam = ev.families.loc[m]
-            worse = fam[fam["worse"]]
-            print(f"{m}: families worse beyond noise: " + (", ".join(
-                f"{f} {100 * r.excess:+.1f}" for f, r in worse.iterrows()) or "none"))
+    print_worse_families(ev, [m for m in ("tol0.02", "pooled-tol0.02", "gate-cv")
+                              if m in rankings])
+
+
+def print_worse_families(ev: Evaluation, methods: list[str]) -> None:
+    """A line per method: the families worse than ``best-fixed`` beyond noise, by name."""
+    for m in methods:
+        fam = ev.families.loc[m]
+        worse = fam[fam["worse"]]
+        print(f"{m}: families worse beyond noise: " + (", ".join(
+            f"{f} {100 * r.excess:+.1f}" for f, r in worse.iterrows()) or "none"))
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 from joblib import Parallel, delayed
 
+from predictor_gates import print_worse_families  # benchmarks/predictor_gates.py, beside this
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate, family_folds
 from travorder.predictor.model import OrderPredictor, tie_ranking
@@ -150,11 +151,7 @@ def main() -> None:
     with pd.option_context("display.width", 250):
         print(table.round({"mean_regret": 2, "worst_family_excess": 1, **{
             s: 3 for s in ratio.columns}}).to_string())
-    for m in rankings:
-        fam = ev.families.loc[m]
-        worse = fam[fam["worse"]]
-        print(f"{m}: families worse beyond noise: " + (", ".join(
-            f"{f} {100 * r.excess:+.1f}" for f, r in worse.iterrows()) or "none"))
+    print_worse_families(ev, list(rankings))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ import numpy as np
 from travorder.errors import FormatError, TravorderError
 from travorder.graph import OpGraph
 from travorder.placement import ORDERS, Cluster
+from travorder.placement.placers import falls_back
 from travorder.study.scenarios import Scenario, scenario_definitions
 from travorder.study.store import ResultStore
 
@@ -213,8 +214,6 @@ def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
         raise TravorderError(f"dataset lacks the single-device floor ({missing[0]!r}); "
                              "export it again from its result store")
     import pandas as pd
-
-    from travorder.placement.placers import falls_back  # the simulator's import: not on load
 
     out = data.copy()
     orders = dataset_orders(data)
