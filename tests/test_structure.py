@@ -1,5 +1,6 @@
-"""What the predictor sees of a graph's structure: node features, order statistics and the
-graph network, whose numpy forward pass must match the torch one it was trained as."""
+"""What the predictor sees of a graph's structure: node features, order statistics, order
+splits and the graph network, whose numpy forward pass must match the torch one it was
+trained as."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import hashlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
 from travorder.errors import FormatError
@@ -18,11 +21,15 @@ from travorder.predictor.dataset import cluster_columns
 from travorder.predictor.structure import (
     NODE_FEATURES,
     ORDER_STATS,
+    SPLIT_STATS,
     GraphNet,
     extra_features,
     node_features,
+    order_splits,
     order_statistics,
 )
+
+from .strategies import random_dags
 
 DIAMOND = OpGraph(["a", "b", "c", "d"], [0, 0, 1, 2], [1, 2, 3, 3],
                   flops=[1.0, 5.0, 1.0, 1.0], edge_bytes=[10, 10, 10, 10])
@@ -50,6 +57,57 @@ def test_order_statistics_tell_orders_apart():
     assert s["o_topo_critical_pos"] == pytest.approx(4 / 9)
     assert s["o_critical_last_critical_pos"] == pytest.approx(5 / 9)
     assert s["o_topo_adjacent"] == pytest.approx(2 / 3)  # a-b, c-d joined; b-c not
+
+
+K80 = load_cluster("k80x3")
+CHAIN = OpGraph(list("abcd"), [0, 1, 2], [1, 2, 3], time_us=[100.0] * 4,
+                edge_bytes=[7600.0] * 3)
+
+
+def test_order_splits_of_a_chain_by_hand():
+    # k80x3: 100 + 5.7 us per op, T1 = 422.8, an even share 140.93 us. Along a-b-c-d the
+    # midpoints 52.85, 158.55, 264.25, 369.95 fall in pieces 0, 1, 1, 2: the middle piece
+    # holds two ops, and two edges are cut, each 1 us of bytes + 25 us busy.
+    s = order_splits(CHAIN, K80, {"forward": np.arange(4), "inside_out": np.array([1, 2, 0, 3])},
+                     "forward")
+    assert set(s) == {f"p_{o}_{k}{r}" for o in ("forward", "inside_out")
+                      for k in SPLIT_STATS for r in ("", "_rel")}
+    share = 4 * 105.7 / 3
+    assert s["p_forward_load"] == pytest.approx(np.log(2 * 105.7 / share))
+    assert s["p_forward_cut"] == pytest.approx(np.log1p(2 * 26.0 / share))
+    assert s["p_forward_est"] == pytest.approx(np.log((2 * 105.7 + 2 * 26.0 / 3) / 422.8))
+    # The walk b, c, a, d puts b in piece 0, c and a in 1, d in 2: the same largest piece,
+    # but all three edges cut (a-b 1->0, b-c 0->1, c-d 1->2).
+    assert s["p_inside_out_load"] == s["p_forward_load"]
+    assert s["p_inside_out_cut"] == pytest.approx(np.log1p(3 * 26.0 / share))
+    assert s["p_inside_out_cut_rel"] == pytest.approx(
+        s["p_inside_out_cut"] - s["p_forward_cut"])
+    assert s["p_forward_load_rel"] == s["p_forward_cut_rel"] == 0.0
+
+
+def test_order_splits_keep_colocation_groups_whole():
+    # One group: the placers keep it on one device, so one piece holds everything.
+    s = order_splits(CHAIN.replace(colocation=[3] * 4), K80, {"topo": np.arange(4)}, "topo")
+    assert s["p_topo_cut"] == 0.0 and s["p_topo_load"] == pytest.approx(np.log(3))
+
+
+@settings(max_examples=60, deadline=None)
+@given(random_dags(max_nodes=30, with_time=True), st.integers(0, 2**32 - 1),
+       st.sampled_from(["k80x3", "v100x4-nvlink", "a100x8-nvlink"]))
+def test_order_splits_ignore_node_numbering(g, seed, cluster):
+    g = training_graph(g)
+    c = load_cluster(cluster)
+    perm = np.random.default_rng(seed).permutation(g.n_nodes)
+    h = g.permute(perm)
+    inv = np.empty_like(perm)
+    inv[perm] = np.arange(perm.size)
+    orders = {o: traversal_order(g, o) for o in ("topo", "bfs", "critical_path")}
+    a = order_splits(g, c, orders, "critical_path")
+    b = order_splits(h, c, {o: inv[p] for o, p in orders.items()}, "critical_path")
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose([a[k] for k in a], [b[k] for k in a], rtol=1e-9, atol=1e-12)
+    # homogeneous devices: the largest piece holds at least an even share; cuts cost >= 0
+    assert all(a[f"p_{o}_load"] >= -1e-12 and a[f"p_{o}_cut"] >= 0 for o in orders)
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +156,7 @@ def test_weights_round_trip_through_npz_without_pickles(trained, tmp_path):
     assert set(want[0]) == {f"g_emb{i}" for i in range(loaded.embedding_size)} | {
         "g_topo", "g_bfs", "g_dfs_preorder"}
     row = clusters[0]
-    assert extra_features(graphs[0], row, ["gnn"], loaded) == want[0]
+    assert extra_features(graphs[0], K80, row, ["gnn"], loaded) == want[0]
     path.write_bytes(path.read_bytes()[:200])
     with pytest.raises(FormatError, match="checksum"):
         GraphNet.load(path, "0" * 64)
@@ -108,7 +166,10 @@ def test_weights_round_trip_through_npz_without_pickles(trained, tmp_path):
 
 def test_extra_features_refuse_unknown_blocks():
     with pytest.raises(FormatError, match="unknown feature block 'magic'"):
-        extra_features(DIAMOND, {}, ["magic"])
+        extra_features(DIAMOND, K80, {}, ["magic"])
     orders = {o: traversal_order(DIAMOND, o) for o in ("topo", "bfs")}
-    assert extra_features(DIAMOND, {}, ["order_stats"], orders=list(orders)) == \
+    assert extra_features(DIAMOND, K80, {}, ["order_stats"], orders=list(orders)) == \
         order_statistics(DIAMOND, orders)
+    # the order splits are relative to the first order given (the predictor's fallback)
+    assert extra_features(DIAMOND, K80, {}, ["order_split"], orders=["bfs", "topo"]) == \
+        order_splits(DIAMOND, K80, orders, "bfs")

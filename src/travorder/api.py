@@ -180,7 +180,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     if learned_from != placer:
         warnings.insert(0, f"the model learned from {learned_from}'s placements, not "
                            f"{placer}'s: its orders are {learned_from}'s best")
-    row |= structure_features(prepared, row, est, manifest)
+    row |= structure_features(prepared, c, row, est, manifest)
     scores = est.scores(row)[0]  # once: every tree of the model runs here
     proba = softmax(scores)
     regret = est.regret_from_scores(scores)

@@ -702,7 +702,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "still learn from --data")
     p.add_argument("--structure", default="", metavar="BLOCKS",
                    help="feature blocks beside the graph features, comma-separated: "
-                        "order_stats, gnn (default: none)")
+                        "order_stats, order_split, gnn (default: none)")
     p.add_argument("--folds", type=int, metavar="K",
                    help="hold out K groups of families in turn (default: one family at "
                         "a time)")

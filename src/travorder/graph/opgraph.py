@@ -405,6 +405,21 @@ class OpGraph:
     __hash__ = None  # type: ignore[assignment]
 
 
+def colocation_groups(graph: OpGraph, colocate: bool = True) -> np.ndarray:
+    """The group (0, 1, ...) of each node: one per colocation id, and every other node
+    (every node, if not ``colocate``) a group of its own.
+
+    >>> g = OpGraph(["a", "b", "c"], [], [], colocation=[5, -1, 5])
+    >>> colocation_groups(g).tolist(), colocation_groups(g, colocate=False).tolist()
+    ([0, 1, 0], [0, 1, 2])
+    """
+    n = graph.n_nodes
+    group = graph.colocation.copy() if colocate else np.full(n, -1, dtype=np.int64)
+    free = group < 0
+    group[free] = group.max(initial=-1) + 1 + np.arange(int(free.sum()))
+    return np.unique(group, return_inverse=True)[1]
+
+
 def kahn_order(g: OpGraph, lifo: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Kahn's algorithm: sources queue in index order, each visited node releases its
     successors in edge order; ``lifo`` pops the most recently released node (a stack), else

@@ -1,10 +1,13 @@
 """What the predictor sees of a graph beyond its graph-level features.
 
-Two blocks of extra feature columns, both computed with numpy on the graph as the study
+Three blocks of extra feature columns, all computed with numpy on the graph as the study
 placed it (`travorder.graph.prepare_graph`):
 
 - ``order statistics`` (`order_statistics`, columns ``o_<order>_<stat>``): cheap numbers
   about each order's node sequence, `ORDER_STATS`;
+- ``order splits`` (`order_splits`, columns ``p_<order>_<stat>`` and
+  ``p_<order>_<stat>_rel``): each order's node sequence cut into one contiguous piece per
+  device and costed on the cluster, `SPLIT_STATS`;
 - ``graph network`` (`GraphNet`, columns ``g_emb<i>`` and ``g_<order>``): the pooled
   embedding and the per-order scores of a small graph neural network over the op graph,
   trained with PyTorch Geometric (`travorder.predictor.gnn`) and run here in numpy from its
@@ -27,7 +30,8 @@ import numpy as np
 
 from travorder.errors import FormatError
 from travorder.featurize.optypes import OP_CATEGORIES, op_categories
-from travorder.graph import OpGraph
+from travorder.graph import OpGraph, colocation_groups
+from travorder.placement.clusters import Cluster, compute_times
 
 NODE_FEATURES = (
     *(f"op_{c}" for c in OP_CATEGORIES),
@@ -37,11 +41,14 @@ NODE_FEATURES = (
 )
 
 #: The extra feature blocks a model can use.
-BLOCKS = ("order_stats", "gnn")
+BLOCKS = ("order_stats", "order_split", "gnn")
 
 #: Statistics of one order's node sequence (see `order_statistics`).
 ORDER_STATS = ("back_edges", "back_bytes", "bottom_level_corr", "critical_pos",
                "cost_pos", "level_jump", "adjacent", "open_span")
+
+#: Statistics of one order's split into a contiguous piece per device (see `order_splits`).
+SPLIT_STATS = ("load", "cut", "est")
 
 
 def _path_levels(g: OpGraph, cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -142,6 +149,78 @@ def order_statistics(g: OpGraph, orders: Mapping[str, np.ndarray]) -> dict[str, 
     return out
 
 
+def order_splits(g: OpGraph, cluster: Cluster, orders: Mapping[str, np.ndarray],
+                 reference: str) -> dict[str, float]:
+    """``p_<order>_<stat>`` and ``p_<order>_<stat>_rel`` for each order's node sequence cut
+    into one contiguous piece per device of ``cluster``, costed there.
+
+    Along the order, each colocation group comes at its first visited member (the placers
+    keep a group together where that member goes), with its members' compute (each op's
+    fastest time over the devices, `compute_times`); the running total is cut into even
+    shares of the single-device step time ``T1 / devices``, piece ``k`` on device ``k``,
+    a group in the piece that holds its midpoint. Then:
+
+    - ``load``: log of the largest piece's compute over the even share;
+    - ``cut``: log(1 + the time to send each tensor once to every other piece that reads
+      it, over the even share); a transfer takes the mean link's latency, its busy time
+      after a transfer and the tensor's bytes over its bandwidth;
+    - ``est``: log((largest piece + cut time / devices) / ``T1``), a crude step time of
+      the split relative to one device;
+    - ``_rel``: the statistic minus the ``reference`` order's (one of ``orders``: the
+      predictor's fallback, its training data's best fixed order).
+
+    It is not a placement: no schedule, no memory; it says how each order lays the
+    graph's work and tensors out along the sequence a placer walks, on this cluster.
+
+    >>> from travorder.placement.clusters import load_cluster
+    >>> g = OpGraph(["a", "b", "c", "d"], [0, 0, 1, 2], [1, 2, 3, 3],
+    ...             time_us=[1.0, 50.0, 50.0, 1.0], edge_bytes=[4e6] * 4)
+    >>> f = order_splits(g, load_cluster("k80x3"), {"x": np.arange(4)}, "x")
+    >>> round(f["p_x_load"], 3), round(f["p_x_cut"], 3), f["p_x_est_rel"]
+    (0.405, 3.314, 0.0)
+    """
+    t = compute_times(g, cluster)
+    n_dev = t.shape[1]
+    fastest = t.min(axis=1)
+    share = float(t.sum(axis=0).min()) / n_dev
+    off = ~np.eye(n_dev, dtype=bool)
+    if n_dev > 1:
+        bandwidth = float(np.minimum(np.asarray(cluster.bandwidth)[off], 1e15).mean())
+        latency = float(np.asarray(cluster.latency)[off].mean()) + cluster.busy_after_us
+    else:
+        bandwidth, latency = 1e15, 0.0
+    group = colocation_groups(g)
+    n_groups = int(group.max()) + 1
+    work = np.bincount(group, weights=fastest, minlength=n_groups)
+    out: dict[str, float] = {}
+    for name, perm in orders.items():
+        pos = np.empty(g.n_nodes, dtype=np.int64)
+        pos[np.asarray(perm, dtype=np.int64)] = np.arange(g.n_nodes)
+        first = np.full(n_groups, g.n_nodes, dtype=np.int64)
+        np.minimum.at(first, group, pos)
+        walk = np.argsort(first)  # the groups in the order of their first visit
+        mid = np.cumsum(work[walk]) - work[walk] / 2
+        group_piece = np.empty(n_groups, dtype=np.int64)
+        group_piece[walk] = np.minimum((mid / max(share, 1e-300)).astype(np.int64),
+                                       n_dev - 1)
+        piece = group_piece[group]
+        load = float(np.bincount(group_piece, weights=work, minlength=n_dev).max())
+        cut = piece[g.src] != piece[g.dst]
+        key, at = np.unique(g.src[cut] * n_dev + piece[g.dst[cut]], return_inverse=True)
+        sent = np.zeros(key.size)
+        np.maximum.at(sent, at, g.edge_bytes[cut])
+        cut_time = float((latency + sent / bandwidth).sum())
+        share_ = max(share, 1e-300)
+        out |= {f"p_{name}_load": float(np.log(max(load, 1e-300) / share_)),
+                f"p_{name}_cut": float(np.log1p(cut_time / share_)),
+                f"p_{name}_est": float(np.log(max(load + cut_time / n_dev, 1e-300)
+                                              / (share_ * n_dev)))}
+    for stat in SPLIT_STATS:
+        base = out[f"p_{reference}_{stat}"]
+        out |= {f"p_{o}_{stat}_rel": out[f"p_{o}_{stat}"] - base for o in orders}
+    return out
+
+
 class GraphNet:
     """The numpy forward pass of the graph network of `travorder.predictor.gnn`.
 
@@ -226,29 +305,38 @@ def check_blocks(blocks: Sequence[str]) -> None:
                           f"{', '.join(BLOCKS)})")
 
 
-def extra_features(g: OpGraph, cluster: Mapping[str, float], blocks: Sequence[str],
-                   net: GraphNet | None = None, orders: Sequence[str] = ()) -> dict[str, Any]:
+def extra_features(g: OpGraph, cluster: Cluster, row: Mapping[str, float],
+                   blocks: Sequence[str], net: GraphNet | None = None,
+                   orders: Sequence[str] = ()) -> dict[str, Any]:
     """The extra feature columns of `BLOCKS` ``blocks`` for graph ``g`` (as the study
-    prepared it) on a cluster (its ``c_`` columns)."""
+    prepared it) on ``cluster``, whose ``c_`` columns are in ``row``; ``orders``: the
+    predictor's, its fallback (the training data's best fixed order) first."""
     check_blocks(blocks)
     out: dict[str, Any] = {}
-    if "order_stats" in blocks:
+    if "order_stats" in blocks or "order_split" in blocks:
         from travorder.placement.orders import traversal_order
 
-        out |= order_statistics(g, {o: traversal_order(g, o) for o in orders})
+        perms = {o: traversal_order(g, o) for o in orders}
+        if "order_stats" in blocks:
+            out |= order_statistics(g, perms)
+        if "order_split" in blocks:
+            out |= order_splits(g, cluster, perms, orders[0])
     if "gnn" in blocks:
         if net is None:
             raise FormatError("this model uses a graph network but has none")
-        out |= net.features(g, [cluster])[0]
+        out |= net.features(g, [row])[0]
     return out
 
 
-def structure_features(g: OpGraph, row: Mapping[str, float], predictor: Any,
-                       manifest: Mapping[str, Any]) -> dict[str, Any]:
+def structure_features(g: OpGraph, cluster: Cluster, row: Mapping[str, float],
+                       predictor: Any, manifest: Mapping[str, Any]) -> dict[str, Any]:
     """The extra columns the predictor of ``manifest`` uses, for graph ``g`` (as the study
-    prepared it) and a feature ``row`` holding the cluster's ``c_`` columns."""
+    prepared it) on ``cluster``, and a feature ``row`` holding the cluster's ``c_``
+    columns."""
     blocks = manifest.get("structure", [])
     if not blocks:
         return {}
-    return extra_features(g, row, blocks, getattr(predictor, "graph_net_", None),
-                          [str(o) for o in predictor.classes_])
+    classes = [str(o) for o in predictor.classes_]
+    fallback = classes[int(np.argmin(predictor.mean_regret_))]
+    return extra_features(g, cluster, row, blocks, getattr(predictor, "graph_net_", None),
+                          [fallback, *(o for o in classes if o != fallback)])

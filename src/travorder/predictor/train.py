@@ -23,6 +23,7 @@ import pandas as pd
 from travorder import __version__
 from travorder.errors import TravorderError
 from travorder.featurize import FEATURE_SCHEMA_VERSION
+from travorder.placement.clusters import load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.predictor.dataset import TrainingData, data_hash, design_matrix, prepared_graphs
 from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
@@ -33,7 +34,7 @@ from travorder.predictor.model import (
     _sha256,
     tie_ranking,
 )
-from travorder.predictor.structure import BLOCKS, order_statistics
+from travorder.predictor.structure import BLOCKS, order_splits, order_statistics
 from travorder.study.export import as_placed, read_sources
 
 if TYPE_CHECKING:  # torch and torch-geometric are imported only to train the network
@@ -101,8 +102,9 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
     test = None
     if test_sources:
         if "gnn" in structure:
-            raise TravorderError("--test-data takes the order statistics, not the graph "
-                                 "network (its columns are held out within one dataset)")
+            raise TravorderError("--test-data takes the order statistics and splits, not the "
+                                 "graph network (its columns are held out within one "
+                                 "dataset)")
         test = design_matrix(_placer_rows(read_sources(test_sources),
                                           str(frame["placer"].iloc[0]), "test data"),
                              data.orders)
@@ -113,7 +115,8 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
     data = replace(data, X=pd.concat([data.X, *extra.columns.values()], axis=1))
     rankings = None if extra.gnn_ranking is None else {"graph_net": extra.gnn_ranking}
     if test is not None:
-        more = structure_columns(test, structure, folds, corpus_dir, progress=progress)
+        more = structure_columns(test, structure, folds, corpus_dir, progress=progress,
+                                 reference=fallback_order(data.times))
         if more.missing:
             raise TravorderError(f"test data: {more.missing}")
         test = replace(test, X=pd.concat([test.X, *more.columns.values()], axis=1))
@@ -122,6 +125,14 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
         test = replace(design_matrix(as_placed(scored.frame), data.orders), X=scored.X)
     return evaluate(data, kinds, params, folds=folds, rankings=rankings, progress=progress,
                     test=test)
+
+
+def fallback_order(times: pd.DataFrame) -> str:
+    """The order with the lowest mean regret over the rows of ``times`` (step times, one
+    column per order): where a predictor fitted on them falls back to (its
+    ``mean_regret_``'s lowest)."""
+    T = times.to_numpy(dtype=float)
+    return str(times.columns[(T / T.min(axis=1, keepdims=True)).mean(axis=0).argmin()])
 
 
 def _one_value(frame: pd.DataFrame, column: str, default: Any) -> Any:
@@ -149,9 +160,12 @@ class Structure:
 def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | None,
                       corpus_dir: str | None = None, gnn_params: Any = None,
                       tie_tolerance: float = 0.02,
-                      progress: Callable[[str], None] | None = None) -> Structure:
+                      progress: Callable[[str], None] | None = None,
+                      reference: str | None = None) -> Structure:
     """The `travorder.predictor.structure` blocks ``blocks`` for the rows of ``data``;
-    ``progress`` gets a line before each block and each of the graph network's fits."""
+    ``progress`` gets a line before each block and each of the graph network's fits;
+    ``reference``: the order the order splits are relative to (default: ``data``'s
+    `fallback_order`, as a model fitted on it falls back to)."""
     say = progress or (lambda _: None)
     if not blocks:
         return Structure({})
@@ -160,11 +174,20 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
     except TravorderError as exc:
         return Structure({}, missing=str(exc))
     out = Structure({})
+    if "order_stats" in blocks or "order_split" in blocks:
+        say(f"the orders of {len(graphs)} prepared graphs")
+        perms = [{o: traversal_order(g, o) for o in data.orders} for g in graphs]
     if "order_stats" in blocks:
         say(f"order statistics of {len(graphs)} prepared graphs")
-        stats = [order_statistics(g, {o: traversal_order(g, o) for o in data.orders})
-                 for g in graphs]
+        stats = [order_statistics(g, p) for g, p in zip(graphs, perms, strict=True)]
         out.columns["order_stats"] = pd.DataFrame([stats[i] for i in graph_of_row])
+    if "order_split" in blocks:
+        say(f"order splits of {len(data.frame)} rows (graph and cluster)")
+        clusters = {c: load_cluster(c) for c in data.frame["cluster"].unique()}
+        reference = reference or fallback_order(data.times)
+        out.columns["order_split"] = pd.DataFrame([
+            order_splits(graphs[i], clusters[c], perms[i], reference)
+            for i, c in zip(graph_of_row, data.frame["cluster"], strict=True)])
     if "gnn" in blocks:
         from travorder.predictor.gnn import fit_gnn
 

@@ -48,9 +48,8 @@ import numpy as np
 from gymnasium import spaces
 
 from travorder.errors import TravorderError
-from travorder.graph import OpGraph
+from travorder.graph import OpGraph, colocation_groups
 from travorder.placement.clusters import Cluster
-from travorder.placement.placers.schedule import colocation_groups
 from travorder.placement.simulator import BatchResult, Simulator
 
 MEMORY_MODES = ("mask", "penalty")
