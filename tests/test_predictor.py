@@ -349,8 +349,8 @@ def test_recommend_path_never_imports_torch_or_the_training_libraries(model_dir,
 
 
 def test_shipped_model_recommends_a_2000_node_graph_without_torch(tmp_path):
-    # The shipped model may use the order statistics (networkx orders) and the graph
-    # network, whose forward pass runs in numpy.
+    # The shipped model may use the order statistics or splits (networkx orders) and the
+    # graph network, whose forward pass runs in numpy.
     from travorder.datasets.onnx_examples import transformer_stack
 
     path = tmp_path / "big.onnx"

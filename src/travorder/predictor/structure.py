@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError
+from travorder.errors import FormatError, TravorderError
 from travorder.featurize.optypes import OP_CATEGORIES, op_categories
 from travorder.graph import OpGraph, colocation_groups
 from travorder.placement.clusters import Cluster, compute_times
@@ -151,26 +151,28 @@ def order_statistics(g: OpGraph, orders: Mapping[str, np.ndarray]) -> dict[str, 
 
 def order_splits(g: OpGraph, cluster: Cluster, orders: Mapping[str, np.ndarray],
                  reference: str) -> dict[str, float]:
-    """``p_<order>_<stat>`` and ``p_<order>_<stat>_rel`` for each order's node sequence cut
-    into one contiguous piece per device of ``cluster``, costed there.
+    """``p_<order>_<stat>`` and ``p_<order>_<stat>_rel`` (``p`` for pieces) for each order's
+    node sequence cut into one contiguous piece per device of ``cluster``, costed there.
 
     Along the order, each colocation group comes at its first visited member (the placers
     keep a group together where that member goes), with its members' compute (each op's
-    fastest time over the devices, `compute_times`); the running total is cut into even
-    shares of the single-device step time ``T1 / devices``, piece ``k`` on device ``k``,
-    a group in the piece that holds its midpoint. Then:
+    fastest time over the devices, `compute_times`); the running total is cut into as
+    many even shares of the single-device step time ``T1 / devices`` as the cluster has
+    devices, a group in the share that holds its midpoint. Then:
 
     - ``load``: log of the largest piece's compute over the even share;
     - ``cut``: log(1 + the time to send each tensor once to every other piece that reads
-      it, over the even share); a transfer takes the mean link's latency, its busy time
-      after a transfer and the tensor's bytes over its bandwidth;
+      it, over the even share); a transfer takes the mean over the ordered device pairs
+      of the latency and of the time per byte (so a fast link does not hide slow ones),
+      and the links' busy time after a transfer;
     - ``est``: log((largest piece + cut time / devices) / ``T1``), a crude step time of
       the split relative to one device;
     - ``_rel``: the statistic minus the ``reference`` order's (one of ``orders``: the
       predictor's fallback, its training data's best fixed order).
 
-    It is not a placement: no schedule, no memory; it says how each order lays the
-    graph's work and tensors out along the sequence a placer walks, on this cluster.
+    It is not a placement: no schedule, no memory, no device told from another; it says
+    how each order lays the graph's work and tensors out along the sequence a placer
+    walks, for this cluster's device count, speed and links.
 
     >>> from travorder.placement.clusters import load_cluster
     >>> g = OpGraph(["a", "b", "c", "d"], [0, 0, 1, 2], [1, 2, 3, 3],
@@ -179,16 +181,17 @@ def order_splits(g: OpGraph, cluster: Cluster, orders: Mapping[str, np.ndarray],
     >>> round(f["p_x_load"], 3), round(f["p_x_cut"], 3), f["p_x_est_rel"]
     (0.405, 3.314, 0.0)
     """
+    if reference not in orders:
+        raise TravorderError(f"the order splits are relative to {reference!r}, which is not "
+                             f"among the orders ({', '.join(orders)})")
     t = compute_times(g, cluster)
     n_dev = t.shape[1]
     fastest = t.min(axis=1)
-    share = float(t.sum(axis=0).min()) / n_dev
+    share = max(float(t.sum(axis=0).min()) / n_dev, 1e-300)
     off = ~np.eye(n_dev, dtype=bool)
-    if n_dev > 1:
-        bandwidth = float(np.minimum(np.asarray(cluster.bandwidth)[off], 1e15).mean())
-        latency = float(np.asarray(cluster.latency)[off].mean()) + cluster.busy_after_us
-    else:
-        bandwidth, latency = 1e15, 0.0
+    per_byte = float((1.0 / np.asarray(cluster.bandwidth)[off]).mean()) if n_dev > 1 else 0.0
+    latency = float(np.asarray(cluster.latency)[off].mean()) + cluster.busy_after_us \
+        if n_dev > 1 else 0.0
     group = colocation_groups(g)
     n_groups = int(group.max()) + 1
     work = np.bincount(group, weights=fastest, minlength=n_groups)
@@ -201,20 +204,18 @@ def order_splits(g: OpGraph, cluster: Cluster, orders: Mapping[str, np.ndarray],
         walk = np.argsort(first)  # the groups in the order of their first visit
         mid = np.cumsum(work[walk]) - work[walk] / 2
         group_piece = np.empty(n_groups, dtype=np.int64)
-        group_piece[walk] = np.minimum((mid / max(share, 1e-300)).astype(np.int64),
-                                       n_dev - 1)
+        group_piece[walk] = np.minimum((mid / share).astype(np.int64), n_dev - 1)
         piece = group_piece[group]
         load = float(np.bincount(group_piece, weights=work, minlength=n_dev).max())
         cut = piece[g.src] != piece[g.dst]
         key, at = np.unique(g.src[cut] * n_dev + piece[g.dst[cut]], return_inverse=True)
         sent = np.zeros(key.size)
         np.maximum.at(sent, at, g.edge_bytes[cut])
-        cut_time = float((latency + sent / bandwidth).sum())
-        share_ = max(share, 1e-300)
-        out |= {f"p_{name}_load": float(np.log(max(load, 1e-300) / share_)),
-                f"p_{name}_cut": float(np.log1p(cut_time / share_)),
+        cut_time = float((latency + sent * per_byte).sum())
+        out |= {f"p_{name}_load": float(np.log(max(load, 1e-300) / share)),
+                f"p_{name}_cut": float(np.log1p(cut_time / share)),
                 f"p_{name}_est": float(np.log(max(load + cut_time / n_dev, 1e-300)
-                                              / (share_ * n_dev)))}
+                                              / (share * n_dev)))}
     for stat in SPLIT_STATS:
         base = out[f"p_{reference}_{stat}"]
         out |= {f"p_{o}_{stat}_rel": out[f"p_{o}_{stat}"] - base for o in orders}
@@ -307,10 +308,11 @@ def check_blocks(blocks: Sequence[str]) -> None:
 
 def extra_features(g: OpGraph, cluster: Cluster, row: Mapping[str, float],
                    blocks: Sequence[str], net: GraphNet | None = None,
-                   orders: Sequence[str] = ()) -> dict[str, Any]:
+                   orders: Sequence[str] = (), reference: str = "") -> dict[str, Any]:
     """The extra feature columns of `BLOCKS` ``blocks`` for graph ``g`` (as the study
     prepared it) on ``cluster``, whose ``c_`` columns are in ``row``; ``orders``: the
-    predictor's, its fallback (the training data's best fixed order) first."""
+    predictor's; ``reference``: the order the order splits are relative to (its
+    fallback)."""
     check_blocks(blocks)
     out: dict[str, Any] = {}
     if "order_stats" in blocks or "order_split" in blocks:
@@ -320,7 +322,7 @@ def extra_features(g: OpGraph, cluster: Cluster, row: Mapping[str, float],
         if "order_stats" in blocks:
             out |= order_statistics(g, perms)
         if "order_split" in blocks:
-            out |= order_splits(g, cluster, perms, orders[0])
+            out |= order_splits(g, cluster, perms, reference)
     if "gnn" in blocks:
         if net is None:
             raise FormatError("this model uses a graph network but has none")
@@ -337,6 +339,5 @@ def structure_features(g: OpGraph, cluster: Cluster, row: Mapping[str, float],
     if not blocks:
         return {}
     classes = [str(o) for o in predictor.classes_]
-    fallback = classes[int(np.argmin(predictor.mean_regret_))]
     return extra_features(g, cluster, row, blocks, getattr(predictor, "graph_net_", None),
-                          [fallback, *(o for o in classes if o != fallback)])
+                          classes, classes[int(np.argmin(predictor.mean_regret_))])

@@ -182,12 +182,16 @@ def structure_columns(data: TrainingData, blocks: Sequence[str], folds: int | No
         stats = [order_statistics(g, p) for g, p in zip(graphs, perms, strict=True)]
         out.columns["order_stats"] = pd.DataFrame([stats[i] for i in graph_of_row])
     if "order_split" in blocks:
-        say(f"order splits of {len(data.frame)} rows (graph and cluster)")
-        clusters = {c: load_cluster(c) for c in data.frame["cluster"].unique()}
-        reference = reference or fallback_order(data.times)
-        out.columns["order_split"] = pd.DataFrame([
-            order_splits(graphs[i], clusters[c], perms[i], reference)
-            for i, c in zip(graph_of_row, data.frame["cluster"], strict=True)])
+        try:  # the rows' clusters by name: presets, or cluster files where the study ran
+            clusters = {c: load_cluster(c) for c in data.frame["cluster"].unique()}
+        except TravorderError as exc:
+            out.missing = f"no order splits: {exc}"
+        else:
+            say(f"order splits of {len(data.frame)} rows (graph and cluster)")
+            reference = reference or fallback_order(data.times)
+            out.columns["order_split"] = pd.DataFrame([
+                order_splits(graphs[i], clusters[c], perms[i], reference)
+                for i, c in zip(graph_of_row, data.frame["cluster"], strict=True)])
     if "gnn" in blocks:
         from travorder.predictor.gnn import fit_gnn
 
@@ -245,16 +249,17 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
                     corpus_dir: str | None = None, gnn_params: Any = None,
                     progress: Callable[[str], None] | None = None) -> TrainResult:
     """Merge ``sources``, evaluate ``kinds`` with and without the ``structure`` feature
-    blocks (`travorder.predictor.structure`: order statistics, the graph network), fit
-    the method with the lowest held-out mean regret on everything, save to ``out``.
+    blocks (`travorder.predictor.structure`: order statistics, order splits, the graph
+    network), fit the method with the lowest held-out mean regret on everything, save to
+    ``out``.
 
     ``placer``: whose results to learn from (default: the only placer in the data).
     ``folds``: family-grouped folds of the evaluation (None: one family per fold).
     The structure blocks need the graphs the study placed: found by ``graph_hash`` in the
-    corpus (``corpus_dir``, default the bundled one); without them the blocks are skipped
-    and the manifest says why. ``progress``: gets a line per structure block and graph
-    network fit, per fold of each kind and feature set evaluated, and before the final
-    fit.
+    corpus (``corpus_dir``, default the bundled one), and the order splits its clusters by
+    name; without them the blocks are skipped and the manifest says why. ``progress``:
+    gets a line per structure block and graph network fit, per fold of each kind and
+    feature set evaluated, and before the final fit.
     """
     if Path(out).exists() and not Path(out).is_dir():
         raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
