@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -168,7 +169,8 @@ def test_families_worse_than_the_best_fixed_order_beyond_noise(frame):
 
 
 def test_evaluate_on_a_separate_test_dataset(frame):
-    params = {"n_estimators": 30, "min_child_samples": 2}
+    # 30 trees learn the rule of 32 training rows at this rate
+    params = {"n_estimators": 30, "min_child_samples": 2, "learning_rate": 0.1}
     data = design_matrix(frame)
     # The test data: the same rows under other costs, where bfs never wins, and one
     # family the training data does not hold.
@@ -314,8 +316,12 @@ def _corrupt(model_dir: str, tmp_path, how: str) -> str:
     if how == "schema":
         manifest["feature_schema_version"] = FEATURE_SCHEMA_VERSION + 1
     elif how == "truncated":
-        text = (d / "model_0.txt").read_text()
-        (d / "model_0.txt").write_text(text[: len(text) // 3])
+        f = d / next(iter(manifest["model_files"]))
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
+    elif how == "not gzip":  # with the manifest's checksum, so the reading fails
+        f = next(iter(manifest["model_files"]))
+        (d / f).write_bytes(b"tree\n")
+        manifest["model_files"][f] = hashlib.sha256(b"tree\n").hexdigest()
     elif how == "mismatch":
         manifest["feature_names"] = manifest["feature_names"][:-2]
     (d / MANIFEST).write_text(json.dumps(manifest))
@@ -324,12 +330,31 @@ def _corrupt(model_dir: str, tmp_path, how: str) -> str:
 
 @pytest.mark.parametrize(("how", "message"), [
     ("schema", "feature schema"), ("truncated", "broken LightGBM model"),
+    ("not gzip", "broken LightGBM model"),
     ("mismatch", "manifest does not match its model")])
 def test_bad_model_files_exit_2_with_one_line(capsys, model_dir, onnx_model, tmp_path, how,
                                               message):
     bad = _corrupt(model_dir, tmp_path, how)
     code, _, err = _run(capsys, onnx_model, "--predictor", bad)
     assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_plain_text_models_of_older_versions_load(model_dir, tmp_path):
+    import gzip
+
+    d = tmp_path / "old"
+    shutil.copytree(model_dir, d)
+    manifest = json.loads((d / MANIFEST).read_text())
+    assert all(f.endswith(".txt.gz") for f in manifest["model_files"])
+    files = {}
+    for f in manifest["model_files"]:
+        text = gzip.decompress((d / f).read_bytes())
+        (d / f).unlink()
+        (d / f.removesuffix(".gz")).write_bytes(text)
+        files[f.removesuffix(".gz")] = hashlib.sha256(text).hexdigest()
+    (d / MANIFEST).write_text(json.dumps(manifest | {"model_files": files}))
+    new, old = OrderPredictor.load(model_dir)[0], OrderPredictor.load(d)[0]
+    assert [m.text for m in new.models_] == [m.text for m in old.models_]
 
 
 def test_missing_model_dir(tmp_path):
@@ -380,6 +405,25 @@ def test_follows_scikit_learn_parameter_conventions(frame):
         p.set_params(depth=3)
     with pytest.raises(TravorderError, match="not fitted"):
         q.predict(design_matrix(frame).X)
+
+
+def test_spread_weights_count_rows_whose_orders_are_close():
+    # Three rows where topo wins by 2 % and one where bfs wins by 50 %, all alike: the
+    # mean log-ratio favours bfs (topo 0.101, bfs 0.015); weighted by 1 / spread (100 for
+    # the close rows, the 1 % floor; 4.93 for the far one) topo (0.0066 against 0.0195).
+    X = pd.DataFrame({"x": [1.0] * 4})
+    times = pd.DataFrame({"topo": [1.0, 1.0, 1.0, 1.5], "bfs": [1.02, 1.02, 1.02, 1.0]})
+    params = {"n_estimators": 5, "min_child_samples": 1, "subsample": 1.0,
+              "tie_tolerance": 0.0}
+    spread = OrderPredictor("regressor", **params).fit(X, times)
+    plain = OrderPredictor("regressor", row_weight=None, **params).fit(X, times)
+    np.testing.assert_allclose(spread.expected_regret(X[:1]), [[0.00658, 0.01967]],
+                               atol=1e-4)
+    np.testing.assert_allclose(plain.expected_regret(X[:1]), [[0.10668, 0.01496]],
+                               atol=1e-4)
+    assert spread.predict(X[:1]) == ["topo"] and plain.predict(X[:1]) == ["bfs"]
+    with pytest.raises(TravorderError, match="unknown row_weight 'rows'"):
+        OrderPredictor("regressor", row_weight="rows").fit(X, times)
 
 
 def test_scores_one_row_given_by_feature_name(frame):

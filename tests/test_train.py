@@ -137,17 +137,16 @@ def test_shipped_model_records_its_evaluation_on_the_bundled_dataset():
     assert table["best-fixed"]["mean_regret"] == pytest.approx(
         vs["best_fixed_training_folds_mean_regret"], abs=1e-4)
     # Where the orders are far apart (the pipelined scenarios) the learned pick alone
-    # about halves the best fixed order's regret (docs/predictor.md).
+    # halves the best fixed order's regret, elsewhere it beats it (docs/predictor.md).
     breakdown = {(r["scenario"], r["method"]): r["mean_regret"]
                  for r in manifest["evaluation"]["breakdown"] if r["cluster"] == "all"}
     for s in manifest["scenarios"]:
         ratio = breakdown[s["name"], vs["method"]] / breakdown[s["name"], "best-fixed"]
-        if s["micro_batches"] > 1:
-            assert ratio <= 0.55, (s["name"], ratio)
-        elif s["memory"]:  # better than it under memory pressure (the order splits)
-            assert ratio < 1, (s["name"], ratio)
-    # ... and worse than that order beyond noise on at most one held-out family.
-    assert vs["families_worse"] <= 1
+        assert ratio <= (0.5 if s["micro_batches"] > 1 else 0.85), (s["name"], ratio)
+    # ... and is worse than that order beyond noise (1 point) on at most two held-out
+    # families, by at most 1.5 points.
+    assert vs["families_worse"] <= 2
+    assert table[vs["method"]]["worst_family_excess"] <= 0.015
     assert table[vs["method"]]["families_worse"] == vs["families_worse"]
     families = [r for r in manifest["evaluation"]["families"] if r["method"] == vs["method"]]
     assert len(families) == len(manifest["families"])
@@ -194,6 +193,8 @@ def test_shipped_rl_model_learned_from_the_coarsened_rl_study():
     assert vs["mean_regret"] <= vs["best_fixed_training_folds_mean_regret"]
     assert vs["families_worse"] == 0
     assert set(model.classes_) == set(manifest["orders"])
+    # fitted before rows were weighted and trees bagged: its parameters say so
+    assert model.get_params() | {"row_weight": None, "subsample": 1.0} == model.get_params()
 
 
 def test_a_model_with_the_graph_network_ships_its_weights(small_dataset, tmp_path,

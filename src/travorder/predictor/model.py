@@ -7,7 +7,10 @@ Three kinds share the interface, so they can be compared on the same folds:
 
 - ``classifier``: `lightgbm.LGBMClassifier` on the best order of each row;
 - ``regressor``: one `lightgbm.LGBMRegressor` per order, predicting
-  ``log(step time / best step time)``; the recommendation is the smallest prediction;
+  ``log(step time / best step time)``; the recommendation is the smallest prediction.
+  With ``row_weight="spread"`` each row weighs ``1 / max(sd, 1%)``, ``sd`` the standard
+  deviation of its orders' log-ratios, so rows whose orders are a few percent apart
+  count as much as pipelined rows whose orders are 50 % apart (`spread_weights`);
 - ``ranker``: `lightgbm.LGBMRanker` (lambdarank), one query per row, one item per order
   (the row's features plus a one-hot of the order), relevance from the order's rank.
 
@@ -26,7 +29,8 @@ only when it beats the safest order by more than the model's own held-out noise.
 best fixed order of the training data (lowest ``mean_regret_``) first, then the others by
 expected regret, so that keeping the fastest of them is never worse than that fixed order.
 
-Saved as LightGBM text models plus a JSON manifest (``save`` / ``load``); loading never
+Saved as LightGBM text models (gzip-compressed, ``model_<i>.txt.gz``; plain ``.txt``
+files of older models load too) plus a JSON manifest (``save`` / ``load``); loading never
 unpickles and checks the feature schema and that manifest and models agree. Predicting
 runs the saved trees with `TreeEnsemble` (numpy), so a loaded predictor needs neither
 LightGBM nor scikit-learn nor pandas: `recommend-order` starts in well under a second.
@@ -35,11 +39,13 @@ LightGBM is imported to fit and for SHAP explanations.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import inspect
 import json
 import math
 import os
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +71,22 @@ TOLERANCES = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
 DEFAULT_TOLERANCE = 0.02
 # Softmax temperature for the regressor's log-ratio predictions: 5 % slower is e^-1 as likely.
 _REGRESSOR_TEMPERATURE = 0.05
+#: The row weights of ``row_weight``: none, or `spread_weights`.
+ROW_WEIGHTS = (None, "spread")
+# What a manifest written before these parameters existed was fitted with.
+_UNSET_BEFORE = {"subsample": 1.0, "colsample_bytree": 1.0, "row_weight": None}
+# The study's tie rule: orders within 1 % are equal, so a smaller spread is no signal.
+_SPREAD_FLOOR = 0.01
+
+
+def spread_weights(log_ratio: np.ndarray) -> np.ndarray:
+    """Per row of ``log_ratio`` (rows x orders, ``log(step time / best)``):
+    ``1 / max(standard deviation over the orders, 0.01)``.
+
+    >>> spread_weights(np.log([[1.0, 1.2, 1.44], [1.0, 1.0, 1.001]])).round(2).tolist()
+    [6.72, 100.0]
+    """
+    return 1.0 / np.maximum(np.asarray(log_ratio, dtype=float).std(axis=1), _SPREAD_FLOOR)
 
 
 def tie_ranking(regret: np.ndarray, safety: np.ndarray, tolerance: float,
@@ -96,12 +118,17 @@ class OrderPredictor:
     >>> p = OrderPredictor(n_estimators=20, min_child_samples=3).fit(X, times)
     >>> p.predict(pd.DataFrame({"width": [1.0, 9.0]})).tolist()
     ['topo', 'dfs_preorder']
+
+    The LightGBM parameters are LightGBM's (``subsample`` with a bagging frequency of 1);
+    ``row_weight`` weighs the regressor's rows (`ROW_WEIGHTS`), the classifier and the
+    ranker weigh rows equally.
     """
 
-    def __init__(self, kind: str = "classifier", *, n_estimators: int = 200,
-                 learning_rate: float = 0.05, num_leaves: int = 15,
-                 min_child_samples: int = 5, random_state: int = 0,
-                 tie_tolerance: float | None = DEFAULT_TOLERANCE,
+    def __init__(self, kind: str = "classifier", *, n_estimators: int = 400,
+                 learning_rate: float = 0.025, num_leaves: int = 15,
+                 min_child_samples: int = 5, subsample: float = 0.8,
+                 colsample_bytree: float = 0.5, row_weight: str | None = "spread",
+                 random_state: int = 0, tie_tolerance: float | None = DEFAULT_TOLERANCE,
                  tolerance_folds: int = 3) -> None:
         self.kind = kind
         self.tie_tolerance = tie_tolerance
@@ -110,6 +137,9 @@ class OrderPredictor:
         self.learning_rate = learning_rate
         self.num_leaves = num_leaves
         self.min_child_samples = min_child_samples
+        self.subsample = subsample
+        self.colsample_bytree = colsample_bytree
+        self.row_weight = row_weight
         self.random_state = random_state
 
     # ------------------------------------------------------------------ parameters
@@ -137,6 +167,8 @@ class OrderPredictor:
     def _lgb_params(self) -> dict[str, Any]:
         return {"n_estimators": self.n_estimators, "learning_rate": self.learning_rate,
                 "num_leaves": self.num_leaves, "min_child_samples": self.min_child_samples,
+                "subsample": self.subsample, "subsample_freq": 1,
+                "colsample_bytree": self.colsample_bytree,
                 "random_state": self.random_state, "n_jobs": 1, "verbose": -1,
                 "deterministic": True}
 
@@ -148,6 +180,9 @@ class OrderPredictor:
         if self.kind not in KINDS:
             raise TravorderError(f"unknown predictor kind {self.kind!r} (expected "
                                  f"{', '.join(KINDS)})")
+        if self.row_weight not in ROW_WEIGHTS:
+            raise TravorderError(f"unknown row_weight {self.row_weight!r} (expected None "
+                                 "or 'spread')")
         Xa = self._check_X(X, fitting=True)
         if not hasattr(times, "columns"):
             raise TravorderError("times must be a DataFrame with one column per order")
@@ -173,8 +208,10 @@ class OrderPredictor:
                 clf = lgb.LGBMClassifier(**self._lgb_params())
                 boosters = [clf.fit(Xa, np.searchsorted(self.labels_, best)).booster_]
         elif self.kind == "regressor":
-            boosters = [lgb.LGBMRegressor(**self._lgb_params()).fit(Xa, log_ratio[:, j])
-                        .booster_ for j in range(k)]
+            weight = spread_weights(log_ratio) if self.row_weight == "spread" else None
+            boosters = [lgb.LGBMRegressor(**self._lgb_params())
+                        .fit(Xa, log_ratio[:, j], sample_weight=weight).booster_
+                        for j in range(k)]
         else:
             ranks = log_ratio.argsort(axis=1).argsort(axis=1)
             relevance = (k - 1 - ranks).reshape(-1)
@@ -357,9 +394,9 @@ class OrderPredictor:
         self._check_fitted()
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        files = [f"model_{i}.txt" for i in range(len(self.models_))]
-        for f, m in zip(files, self.models_, strict=True):
-            (out / f).write_text(m.text)
+        files = [f"model_{i}.txt.gz" for i in range(len(self.models_))]
+        for f, m in zip(files, self.models_, strict=True):  # mtime 0: same model, same bytes
+            (out / f).write_bytes(gzip.compress(m.text.encode(), compresslevel=9, mtime=0))
         checksums = {f: _sha256(out / f) for f in files}
         doc = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind,
@@ -392,7 +429,7 @@ class OrderPredictor:
             raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
         check_format(doc, str(d / MANIFEST), FORMAT, FORMAT_VERSION, "predictor manifest")
         try:
-            p = cls(**doc["params"])
+            p = cls(**{**_UNSET_BEFORE, **doc["params"]})
             p.classes_ = np.array(doc["classes"])
             p.feature_names_in_ = np.array(doc["feature_names"])
             p.n_features_in_ = p.feature_names_in_.size
@@ -415,8 +452,9 @@ class OrderPredictor:
                 raise FormatError(f"{d / f}: broken LightGBM model (its checksum differs "
                                   "from the manifest's: truncated or edited)")
             try:
-                p.models_.append(TreeEnsemble(data.decode()))
-            except (FormatError, UnicodeDecodeError) as exc:
+                text = (gzip.decompress(data) if f.endswith(".gz") else data).decode()
+                p.models_.append(TreeEnsemble(text))
+            except (FormatError, UnicodeDecodeError, OSError, EOFError, zlib.error) as exc:
                 raise FormatError(f"{d / f}: broken LightGBM model ({exc})") from None
         net = doc.get("graph_net")
         if net is not None:
