@@ -34,7 +34,7 @@ import pandas as pd
 
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import Evaluation, evaluate, family_folds
-from travorder.predictor.model import TOLERANCES, OrderPredictor, tie_ranking
+from travorder.predictor.model import TOLERANCES, OrderPredictor, regrets, tie_ranking
 from travorder.predictor.structure import ORDER_STATS
 from travorder.predictor.train import read_sources, structure_columns
 
@@ -98,7 +98,7 @@ def main() -> None:
         data = replace(data, X=pd.concat(
             [data.X, *structure_columns(data, blocks, args.folds).columns.values()], axis=1))
     T = data.times.to_numpy()
-    regret = T / T.min(axis=1, keepdims=True) - 1
+    regret = regrets(T)
     scenario = frame["scenario"].astype(str).to_numpy()
     fold = family_folds(data.family, args.folds)
     n, k = T.shape

@@ -43,7 +43,7 @@ from joblib import Parallel, delayed
 from predictor_gates import print_worse_families  # benchmarks/predictor_gates.py, beside this
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate, family_folds
-from travorder.predictor.model import OrderPredictor, tie_ranking
+from travorder.predictor.model import OrderPredictor, regrets, tie_ranking
 from travorder.predictor.train import read_sources, structure_columns
 
 ENSEMBLES = (("shipped", "per-scenario"), ("shipped", "pipelined-split"),
@@ -116,7 +116,7 @@ def main() -> None:
         data = replace(data, X=pd.concat(
             [data.X, *structure_columns(data, blocks, args.folds).columns.values()], axis=1))
     X, T = data.X.to_numpy(float), data.times.to_numpy(float)
-    regret = T / T.min(axis=1, keepdims=True) - 1
+    regret = regrets(T)
     fold = family_folds(data.family, args.folds)
     mb = data.X["s_micro_batches"].to_numpy()
     segments = {"pipelined-split": mb > 1, "per-micro-batches": mb,

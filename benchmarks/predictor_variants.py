@@ -18,7 +18,7 @@ import pandas as pd
 
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate
-from travorder.predictor.model import tie_ranking
+from travorder.predictor.model import regrets, tie_ranking
 from travorder.predictor.train import read_sources, structure_columns
 
 
@@ -31,7 +31,7 @@ def main() -> None:
     data = design_matrix(read_sources([args.data]))
     extra = structure_columns(data, ("order_stats", "gnn"), args.folds)
     T = data.times.to_numpy()
-    regret = T / T.min(axis=1, keepdims=True) - 1
+    regret = regrets(T)
     net_regret = np.expm1(np.maximum(
         extra.columns["gnn"][[f"g_{o}" for o in data.orders]].to_numpy(), 0))
     fold = np.unique(data.family, return_inverse=True)[1] % args.folds

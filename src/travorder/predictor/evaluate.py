@@ -45,7 +45,7 @@ import pandas as pd
 
 from travorder.errors import TravorderError
 from travorder.predictor.dataset import TrainingData
-from travorder.predictor.model import KINDS, OrderPredictor
+from travorder.predictor.model import KINDS, OrderPredictor, regrets
 from travorder.study.export import REL_TOL, Z
 
 #: The baselines every breakdown shows beside the learned methods.
@@ -145,7 +145,7 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
     verify = tuple(verify)
     orders = np.array(data.orders)
     T = test.times.to_numpy()
-    regret_all = T / T.min(axis=1, keepdims=True) - 1.0
+    regret_all = regrets(T)
     in_ties = np.array([[o in t for o in orders] for t in test.ties])
     n, k = T.shape
     if any(not 1 <= v <= k for v in verify):
@@ -156,7 +156,7 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
         held = ", ".join(sorted(set(test.family[fold == empty[0]])))
         raise TravorderError(f"holding out {held} leaves no training rows")
     T_train = data.times.to_numpy()
-    regret_train = T_train / T_train.min(axis=1, keepdims=True) - 1.0
+    regret_train = regrets(T_train)
     rows = np.arange(n)
     per_row: dict[str, np.ndarray] = {}
     picks: dict[str, np.ndarray] = {}

@@ -79,6 +79,17 @@ _UNSET_BEFORE = {"subsample": 1.0, "colsample_bytree": 1.0, "row_weight": None}
 _SPREAD_FLOOR = 0.01
 
 
+def regrets(times: np.ndarray) -> np.ndarray:
+    """Per row of step times (rows x orders): each order's regret, its step time over the
+    row's best minus 1.
+
+    >>> regrets(np.array([[2.0, 3.0], [4.0, 4.0]])).tolist()
+    [[0.0, 0.5], [0.0, 0.0]]
+    """
+    T = np.asarray(times, dtype=float)
+    return T / T.min(axis=1, keepdims=True) - 1.0
+
+
 def spread_weights(log_ratio: np.ndarray) -> np.ndarray:
     """Per row of ``log_ratio`` (rows x orders, ``log(step time / best)``):
     ``1 / max(standard deviation over the orders, 0.01)``.
@@ -196,7 +207,7 @@ class OrderPredictor:
         k = self.classes_.size
         log_ratio = np.log(T / T.min(axis=1, keepdims=True))
         best = log_ratio.argmin(axis=1)
-        regret = T / T.min(axis=1, keepdims=True) - 1.0
+        regret = regrets(T)
         self.mean_regret_ = regret.mean(axis=0)
         self.regret_table_ = np.array([
             regret[best == c].mean(axis=0) if np.any(best == c) else regret.mean(axis=0)
@@ -244,7 +255,7 @@ class OrderPredictor:
                 X[~held_out], times[~held_out])
             predicted[held_out] = inner.expected_regret(X[held_out])
             safety[held_out] = inner.mean_regret_
-        regret = T / T.min(axis=1, keepdims=True) - 1.0
+        regret = regrets(T)
         rows = np.arange(T.shape[0])
         self.tolerance_regret_ = {
             t: float(regret[rows, tie_ranking(predicted, safety, t)[:, 0]].mean())

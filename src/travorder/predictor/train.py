@@ -32,6 +32,7 @@ from travorder.predictor.model import (
     KINDS,
     OrderPredictor,
     _sha256,
+    regrets,
     tie_ranking,
 )
 from travorder.predictor.structure import BLOCKS, order_splits, order_statistics
@@ -131,8 +132,7 @@ def fallback_order(times: pd.DataFrame) -> str:
     """The order with the lowest mean regret over the rows of ``times`` (step times, one
     column per order): where a predictor fitted on them falls back to (its
     ``mean_regret_``'s lowest)."""
-    T = times.to_numpy(dtype=float)
-    return str(times.columns[(T / T.min(axis=1, keepdims=True)).mean(axis=0).argmin()])
+    return str(times.columns[regrets(times.to_numpy()).mean(axis=0).argmin()])
 
 
 def _one_value(frame: pd.DataFrame, column: str, default: Any) -> Any:
