@@ -24,9 +24,11 @@ from travorder.predictor.structure import (
     SPLIT_STATS,
     GraphNet,
     extra_features,
+    group_walk,
     node_features,
     order_splits,
     order_statistics,
+    split_pieces,
 )
 
 from .strategies import random_dags
@@ -102,6 +104,28 @@ def test_a_colocation_group_comes_at_its_first_visited_member():
     share = (2 * 105.7 + 2 * 305.7) / 3
     assert s["p_topo_cut"] == pytest.approx(np.log1p(3 * 26.0 / share))
     assert s["p_topo_load"] == pytest.approx(np.log((105.7 + 305.7) / share))
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=30), st.randoms(),
+       st.integers(1, 4), st.floats(0.1, 50.0))
+def test_split_pieces_cut_the_walk_into_consecutive_pieces(labels, rnd, n_pieces, share):
+    # Any grouping of the nodes and any visit order: the groups are walked in the order
+    # of their first visited member, and the pieces only grow along that walk, each in
+    # range, and each group's midpoint along the walk lies in its piece's share of the
+    # work (the last piece takes whatever is left).
+    group = np.unique(labels, return_inverse=True)[1]
+    perm = np.arange(group.size)
+    rnd.shuffle(perm)
+    work = np.array([rnd.uniform(0.5, 10.0) for _ in range(int(group.max()) + 1)])
+    walk = group_walk(group, perm, work.size)
+    firsts = [next(i for i, v in enumerate(perm) if group[v] == k) for k in walk]
+    assert sorted(walk.tolist()) == list(range(work.size)) and firsts == sorted(firsts)
+    piece = split_pieces(group, work, perm, share, n_pieces)[walk]
+    assert np.all(np.diff(piece) >= 0) and piece.min() >= 0 and piece.max() < n_pieces
+    mid = np.cumsum(work[walk]) - work[walk] / 2
+    for m, p in zip(mid.tolist(), piece.tolist(), strict=True):
+        assert p * share <= m and (m < (p + 1) * share or p == n_pieces - 1)
 
 
 def test_order_splits_refuse_a_reference_that_is_not_an_order():

@@ -149,6 +149,38 @@ def order_statistics(g: OpGraph, orders: Mapping[str, np.ndarray]) -> dict[str, 
     return out
 
 
+def group_walk(group: np.ndarray, perm: np.ndarray, n_groups: int) -> np.ndarray:
+    """The groups (``group``: the group of each node, ``0 .. n_groups - 1``) in the order
+    of their first visited member along the node sequence ``perm``.
+
+    >>> group_walk(np.array([0, 1, 1, 2]), np.array([3, 2, 0, 1]), 3).tolist()
+    [2, 1, 0]
+    """
+    pos = np.empty(group.size, dtype=np.int64)
+    pos[np.asarray(perm, dtype=np.int64)] = np.arange(group.size)
+    first = np.full(n_groups, group.size, dtype=np.int64)
+    np.minimum.at(first, group, pos)
+    return np.argsort(first, kind="stable")
+
+
+def split_pieces(group: np.ndarray, work: np.ndarray, perm: np.ndarray, share: float,
+                 n_pieces: int) -> np.ndarray:
+    """The piece (0 to ``n_pieces - 1``) of each colocation group when the node sequence
+    ``perm`` is cut into pieces of ``share`` work each: the groups come at their first
+    visited member (``group``: the group of each node), with ``work`` each, and a group
+    goes to the piece that holds its midpoint (the last piece takes the rest).
+
+    >>> split_pieces(np.array([0, 1, 1, 2]), np.array([1.0, 2.0, 1.0]),
+    ...              np.array([3, 0, 1, 2]), 2.0, 2).tolist()
+    [0, 1, 0]
+    """
+    walk = group_walk(group, perm, work.size)
+    mid = np.cumsum(work[walk]) - work[walk] / 2
+    out = np.empty(work.size, dtype=np.int64)
+    out[walk] = np.minimum((mid / share).astype(np.int64), n_pieces - 1)
+    return out
+
+
 def order_splits(g: OpGraph, cluster: Cluster, orders: Mapping[str, np.ndarray],
                  reference: str) -> dict[str, float]:
     """``p_<order>_<stat>`` and ``p_<order>_<stat>_rel`` (``p`` for pieces) for each order's
@@ -197,14 +229,7 @@ def order_splits(g: OpGraph, cluster: Cluster, orders: Mapping[str, np.ndarray],
     work = np.bincount(group, weights=fastest, minlength=n_groups)
     out: dict[str, float] = {}
     for name, perm in orders.items():
-        pos = np.empty(g.n_nodes, dtype=np.int64)
-        pos[np.asarray(perm, dtype=np.int64)] = np.arange(g.n_nodes)
-        first = np.full(n_groups, g.n_nodes, dtype=np.int64)
-        np.minimum.at(first, group, pos)
-        walk = np.argsort(first)  # the groups in the order of their first visit
-        mid = np.cumsum(work[walk]) - work[walk] / 2
-        group_piece = np.empty(n_groups, dtype=np.int64)
-        group_piece[walk] = np.minimum((mid / share).astype(np.int64), n_dev - 1)
+        group_piece = split_pieces(group, work, perm, share, n_dev)
         piece = group_piece[group]
         load = float(np.bincount(group_piece, weights=work, minlength=n_dev).max())
         cut = piece[g.src] != piece[g.dst]
