@@ -62,6 +62,14 @@ def test_save_load_round_trip_predicts_identically(frame, kind, tmp_path):
     p.save(tmp_path, feature_schema_version=FEATURE_SCHEMA_VERSION)
     q, manifest = OrderPredictor.load(tmp_path)
     assert manifest["kind"] == kind and manifest["classes"] == ORDERS
+    # the libraries the features and the fit came from, to tell why a refit differs
+    import lightgbm
+    import pandas as pd
+
+    assert {"python", "travorder", "numpy", "pandas", "lightgbm"} <= set(
+        manifest["library_versions"])
+    assert manifest["library_versions"]["pandas"] == pd.__version__
+    assert manifest["library_versions"]["lightgbm"] == lightgbm.__version__
     assert list(q.feature_names_in_) == list(data.X.columns)
     np.testing.assert_array_equal(p.predict(data.X), q.predict(data.X))
     np.testing.assert_allclose(p.predict_proba(data.X), q.predict_proba(data.X))

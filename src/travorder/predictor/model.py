@@ -399,8 +399,11 @@ class OrderPredictor:
     # ------------------------------------------------------------------ files
     def save(self, directory: str | os.PathLike[str], **manifest: Any) -> None:
         """Write the LightGBM text models and ``manifest.json`` (``manifest`` adds entries,
-        e.g. the feature schema version, training-data hash, evaluation summary)."""
+        e.g. the feature schema version, training-data hash, evaluation summary; the
+        versions of the libraries loaded, which the features and the fit depend on)."""
         import lightgbm as lgb
+
+        from travorder.study.jobs import library_versions
 
         self._check_fitted()
         out = Path(directory)
@@ -421,7 +424,7 @@ class OrderPredictor:
             "tie_tolerance_used": self.tie_tolerance_,
             "tolerance_regret": {str(t): r for t, r in
                                  getattr(self, "tolerance_regret_", {}).items()},
-            "library_versions": {"lightgbm": lgb.__version__, "numpy": np.__version__},
+            "library_versions": {**library_versions(), "lightgbm": lgb.__version__},
             **manifest,
         }
         tmp = out / (MANIFEST + ".tmp")

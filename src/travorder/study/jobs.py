@@ -44,7 +44,7 @@ JOB_VERSION = 2
 KEY_FIELDS = ("graph_hash", "graph_name", "scenario", "cluster", "order", "placer",
               "config_hash", "seed")
 
-_VERSIONED = ("numpy", "numba", "networkx", "scipy", "torch")
+_VERSIONED = ("numpy", "numba", "networkx", "scipy", "pandas", "torch")
 
 
 def _digest(obj: Any) -> str:
