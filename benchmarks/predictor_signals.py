@@ -25,7 +25,6 @@ cluster and scenario features and the order splits), in family-grouped folds as
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -40,12 +39,17 @@ from travorder.placement.clusters import compute_times, load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import get_placer
 from travorder.placement.simulator import Simulator
-from travorder.predictor.dataset import TrainingData, design_matrix, prepared_graphs
+from travorder.predictor.dataset import (
+    TrainingData,
+    design_matrix,
+    prepared_graphs,
+    row_scenario,
+)
 from travorder.predictor.evaluate import family_folds
 from travorder.predictor.model import OrderPredictor, regrets
 from travorder.predictor.structure import group_walk, split_pieces
 from travorder.predictor.train import read_sources, structure_columns
-from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
+from travorder.study.scenarios import Scenario
 
 REFERENCE = "critical_path"
 
@@ -111,9 +115,8 @@ def per_row(data: TrainingData, fn: Callable[..., dict[int, dict[str, float]]],
             *args: object) -> pd.DataFrame:
     """``fn(graph, rows, orders, *args)`` for each prepared graph, in two processes."""
     graphs, graph_of_row = prepared_graphs(data.frame)
-    defs = data.frame["scenario_def"]
-    scenarios = [Scenario.from_dict(json.loads(d)) if isinstance(d, str)
-                 else DEFAULT_SCENARIO for d in defs]
+    defs = data.frame.get("scenario_def", pd.Series(None, index=data.frame.index))
+    scenarios = [row_scenario(d) for d in defs]
     parts = Parallel(n_jobs=2, batch_size=8)(
         delayed(fn)(g, [(r, data.frame["cluster"][r], scenarios[r])
                         for r in np.flatnonzero(graph_of_row == i)], data.orders, *args)

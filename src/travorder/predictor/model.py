@@ -54,6 +54,7 @@ import numpy as np
 
 from travorder.errors import FormatError, TravorderError, check_format
 from travorder.predictor.trees import TreeEnsemble
+from travorder.versions import library_versions
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -192,8 +193,8 @@ class OrderPredictor:
             raise TravorderError(f"unknown predictor kind {self.kind!r} (expected "
                                  f"{', '.join(KINDS)})")
         if self.row_weight not in ROW_WEIGHTS:
-            raise TravorderError(f"unknown row_weight {self.row_weight!r} (expected None "
-                                 "or 'spread')")
+            raise TravorderError(f"unknown row_weight {self.row_weight!r} (expected "
+                                 f"{' or '.join(map(repr, ROW_WEIGHTS))})")
         Xa = self._check_X(X, fitting=True)
         if not hasattr(times, "columns"):
             raise TravorderError("times must be a DataFrame with one column per order")
@@ -402,8 +403,6 @@ class OrderPredictor:
         e.g. the feature schema version, training-data hash, evaluation summary; the
         versions of the libraries loaded, which the features and the fit depend on)."""
         import lightgbm as lgb
-
-        from travorder.study.jobs import library_versions
 
         self._check_fitted()
         out = Path(directory)

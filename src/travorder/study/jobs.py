@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 import traceback
 from collections.abc import Mapping
@@ -31,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-import travorder
 from travorder.graph import OpGraph
 from travorder.placement import Cluster, place_graph, traversal_order
 from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
 from travorder.study.spec import StudySpec
+from travorder.versions import library_versions
 
 #: Bump when `run_job` changes what it computes: old results then no longer count as done.
 JOB_VERSION = 2
@@ -43,9 +42,6 @@ JOB_VERSION = 2
 #: The columns of a job's key, in order.
 KEY_FIELDS = ("graph_hash", "graph_name", "scenario", "cluster", "order", "placer",
               "config_hash", "seed")
-
-_VERSIONED = ("numpy", "numba", "networkx", "scipy", "pandas", "torch")
-
 
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
@@ -114,14 +110,6 @@ def spec_jobs(spec: StudySpec, graphs: list[OpGraph]) -> list[Job]:
                      spec.coarsen_max_nodes, scenario)
             for g in graphs for scenario in spec.scenarios for c in spec.clusters
             for order in spec.orders for seed in spec.seeds_for(order)]
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of Python, travorder and the numeric libraries loaded in this process."""
-    versions = {"python": sys.version.split()[0], "travorder": travorder.__version__}
-    versions.update({name: sys.modules[name].__version__ for name in _VERSIONED
-                     if name in sys.modules})
-    return versions
 
 
 def run_job(job: Job, graph: OpGraph, cluster: Cluster) -> dict[str, Any]:
