@@ -39,17 +39,12 @@ from travorder.placement.clusters import compute_times, load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import get_placer
 from travorder.placement.simulator import Simulator
-from travorder.predictor.dataset import (
-    TrainingData,
-    design_matrix,
-    prepared_graphs,
-    row_scenario,
-)
+from travorder.predictor.dataset import TrainingData, design_matrix, prepared_graphs
 from travorder.predictor.evaluate import family_folds
 from travorder.predictor.model import OrderPredictor, regrets
 from travorder.predictor.structure import group_walk, split_pieces
 from travorder.predictor.train import read_sources, structure_columns
-from travorder.study.scenarios import Scenario
+from travorder.study.scenarios import Scenario, row_scenario
 
 REFERENCE = "critical_path"
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import time
 from pathlib import Path
 
@@ -32,7 +31,7 @@ from joblib import Parallel, delayed
 from travorder.placement import ORDERS, load_cluster
 from travorder.placement.placers import place_graph
 from travorder.study.export import load_dataset, row_graph
-from travorder.study.scenarios import Scenario
+from travorder.study.scenarios import row_scenario
 
 DATA = Path(__file__).resolve().parents[1] / "src/travorder/study/data"
 WITHIN, BEATS = 0.10, 0.01
@@ -43,8 +42,7 @@ def heuristics(row: pd.Series) -> dict[str, float]:
     graph = row_graph(row)
     if graph is None:
         return {}
-    scenario = Scenario.from_dict(json.loads(row["scenario_def"]))
-    cluster = scenario.cluster_for(graph, load_cluster(row["cluster"]))
+    cluster = row_scenario(row["scenario_def"]).cluster_for(graph, load_cluster(row["cluster"]))
 
     def time_of(placer: str, order: str) -> float:
         r = place_graph(graph, cluster, placer, order, floor=True)

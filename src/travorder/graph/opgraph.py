@@ -413,11 +413,22 @@ def colocation_groups(graph: OpGraph, colocate: bool = True) -> np.ndarray:
     >>> colocation_groups(g).tolist(), colocation_groups(g, colocate=False).tolist()
     ([0, 1, 0], [0, 1, 2])
     """
-    n = graph.n_nodes
-    group = graph.colocation.copy() if colocate else np.full(n, -1, dtype=np.int64)
+    if not colocate:
+        return np.arange(graph.n_nodes)
+    return np.unique(own_groups(graph.colocation), return_inverse=True)[1]
+
+
+def own_groups(colocation: np.ndarray) -> np.ndarray:
+    """``colocation`` with each node outside a group (-1) in a new group of its own, after
+    the ids in use, which are kept (so that copies of a graph's ops can share one).
+
+    >>> own_groups(np.array([5, -1, 5, -1])).tolist()
+    [5, 6, 5, 7]
+    """
+    group = np.array(colocation, dtype=np.int64)
     free = group < 0
     group[free] = group.max(initial=-1) + 1 + np.arange(int(free.sum()))
-    return np.unique(group, return_inverse=True)[1]
+    return group
 
 
 def kahn_order(g: OpGraph, lifo: bool = False) -> tuple[np.ndarray, np.ndarray]:

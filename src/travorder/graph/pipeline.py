@@ -21,7 +21,7 @@ With ``m = 1`` the result equals ``g``. Traversal orders of a pipelined graph ar
 from micro-batch 0's graph (`micro_batch_graph`) and expanded by `expand_order`: each
 op's copies follow one another in micro-batch order (docs/study.md says why).
 
->>> from travorder.graph.opgraph import OpGraph
+>>> from travorder.graph.opgraph import OpGraph, own_groups
 >>> from travorder.graph.training import training_graph
 >>> g = training_graph(OpGraph.from_records(
 ...     [{"name": "fc", "flops": 8.0, "output_bytes": 4.0, "param_bytes": 16.0}], []))
@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from travorder.errors import GraphError
-from travorder.graph.opgraph import OpGraph
+from travorder.graph.opgraph import OpGraph, own_groups
 
 #: Separator between an op's name and its micro-batch in a pipelined graph.
 MICRO_BATCH_SEP = "/mb"
@@ -64,8 +64,7 @@ def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
     m, n = int(m), g.n_nodes
     coloc, names = g.colocation.copy(), g.names.tolist()
     if m > 1:  # an op without a group gets one, so that its copies share a device
-        free = coloc < 0
-        coloc[free] = coloc.max(initial=-1) + 1 + np.arange(int(free.sum()))
+        coloc = own_groups(coloc)
         width = len(str(m - 1))
         names = [f"{x}{MICRO_BATCH_SEP}{k:0{width}d}" for k in range(m) for x in names]
     offsets = np.repeat(np.arange(m, dtype=np.int64) * n, g.n_edges)

@@ -19,7 +19,7 @@
 Backward nodes come after the forward ones: ``f'`` has index ``n + f``.
 Graphs that already contain backward ops (profiled training graphs) come back unchanged.
 
->>> from travorder.graph.opgraph import OpGraph
+>>> from travorder.graph.opgraph import OpGraph, own_groups
 >>> g = OpGraph.from_records(
 ...     [{"name": "a", "flops": 10, "output_bytes": 4, "param_bytes": 8},
 ...      {"name": "b", "flops": 1, "output_bytes": 4}], [("a", "b")])
@@ -37,7 +37,7 @@ import math
 import numpy as np
 
 from travorder.errors import GraphError
-from travorder.graph.opgraph import OpGraph
+from travorder.graph.opgraph import OpGraph, own_groups
 
 #: Suffix of a backward op's name (a number is appended if it would clash).
 GRAD_SUFFIX = "_grad"
@@ -70,9 +70,7 @@ def training_graph(g: OpGraph, *, backward_flops_factor: float = 2.0) -> OpGraph
     suffix = _grad_suffix(names)
     nodes = np.arange(n, dtype=np.int64)
 
-    coloc = g.colocation.copy()
-    free = coloc < 0
-    coloc[free] = coloc.max(initial=-1) + 1 + np.arange(int(free.sum()))
+    coloc = own_groups(g.colocation)
     grad_out = np.bincount(g.dst, weights=g.edge_bytes, minlength=n)
     grad_out = np.where(g.in_degree == 0, g.param_bytes, grad_out)
 

@@ -12,7 +12,6 @@ computes them from the ``cluster`` preset name (or a ``cluster_json`` column).
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,7 +25,6 @@ if TYPE_CHECKING:  # pandas is imported where frames are built: recommending nee
     import pandas as pd
 
     from travorder.graph import OpGraph
-    from travorder.study.scenarios import Scenario
 
 TIME_PREFIX = "time_"
 
@@ -119,6 +117,7 @@ def prepared_graphs(frame: pd.DataFrame, corpus_dir: str | None = None
     ``coarsen_max_nodes`` say.
     """
     from travorder.datasets.corpus import load_corpus
+    from travorder.study.scenarios import row_scenario
 
     by_hash = {g.graph_hash: g for g in load_corpus(corpus_dir=corpus_dir)}
     missing = sorted(set(frame["graph_hash"]) - set(by_hash))
@@ -134,12 +133,3 @@ def prepared_graphs(frame: pd.DataFrame, corpus_dir: str | None = None
     graphs = [row_scenario(d).prepare(by_hash[h], bool(t), int(c)) for h, t, c, d in unique]
     index = {k: i for i, k in enumerate(unique)}
     return graphs, np.array([index[k] for k in keys], dtype=np.int64)
-
-
-def row_scenario(scenario_def: str | None) -> Scenario:
-    """The scenario of a dataset row from its ``scenario_def`` (JSON), the default one
-    (the graph as exported, one training step) for a row without it."""
-    from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario
-
-    return Scenario.from_dict(json.loads(scenario_def)) if isinstance(scenario_def, str) \
-        else DEFAULT_SCENARIO

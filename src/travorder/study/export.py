@@ -50,7 +50,7 @@ from travorder.errors import FormatError, TravorderError
 from travorder.graph import OpGraph
 from travorder.placement import ORDERS, Cluster
 from travorder.placement.placers import falls_back
-from travorder.study.scenarios import Scenario, scenario_definitions
+from travorder.study.scenarios import Scenario, row_scenario, scenario_definitions
 from travorder.study.store import ResultStore
 
 #: The relative gap under which an order counts as tied with the best (1%).
@@ -370,8 +370,8 @@ def row_graph(row: Any) -> OpGraph | None:
         return None
     if graph.graph_hash != row["graph_hash"]:
         return None
-    scenario = Scenario.from_dict(json.loads(row["scenario_def"]))
-    return scenario.prepare(graph, bool(row["training"]), int(row["coarsen_max_nodes"]))
+    return row_scenario(row["scenario_def"]).prepare(graph, bool(row["training"]),
+                                                     int(row["coarsen_max_nodes"]))
 
 
 def dataset_orders(data: Any) -> list[str]:

@@ -206,6 +206,19 @@ class Scenario:
 DEFAULT_SCENARIO = Scenario()
 
 
+def row_scenario(scenario_def: str | None) -> Scenario:
+    """The scenario of an exported dataset row from its ``scenario_def`` (JSON), the
+    default one for a row without it (a dataset exported before scenarios).
+
+    >>> row_scenario('{"name": "m4", "micro_batches": 4}').micro_batches
+    4
+    >>> row_scenario(None) == DEFAULT_SCENARIO
+    True
+    """
+    return Scenario.from_dict(json.loads(scenario_def)) if isinstance(scenario_def, str) \
+        else DEFAULT_SCENARIO
+
+
 def single_device_peak(graph: OpGraph, cluster: Cluster, compiled: bool = True) -> float:
     """Peak memory (bytes) of ``graph``'s step with every node on the device `single`
     picks. ``compiled=False`` computes it without loading the compiled simulator (for
