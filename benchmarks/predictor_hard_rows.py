@@ -18,7 +18,9 @@ order there changes from row to row: telling it needs more than the features kno
 
 Last, per scenario, the pick's ratio to ``critical_path``'s mean regret and that of the
 pick with an oracle gate, which keeps ``critical_path`` wherever the pick is worse: what
-the pick could reach if it never left ``critical_path`` for the worse.
+the pick could reach if it never left ``critical_path`` for the worse. And the
+``--families`` families where the pick is furthest above ``critical_path``, with the
+rows that make most of it.
 
     python benchmarks/predictor_hard_rows.py [--folds 10] [--bad 0.05]
 """
@@ -30,6 +32,7 @@ import time
 
 import lightgbm as lgb
 import numpy as np
+import pandas as pd
 from sklearn.metrics import roc_auc_score
 
 from predictor_signals import REFERENCE, held_out_picks, with_splits  # beside this
@@ -57,6 +60,7 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=10)
     ap.add_argument("--bad", type=float, default=0.05,
                     help="critical_path fails on a row when its regret exceeds this")
+    ap.add_argument("--families", type=int, default=2)
     args = ap.parse_args()
     t0 = time.perf_counter()
     data = with_splits([args.data])
@@ -92,6 +96,16 @@ def main() -> None:
         rows = scenario == s
         print(f"| {s} | {picked[rows].mean() / fixed[rows].mean():.2f} | "
               f"{gated[rows].mean() / fixed[rows].mean():.2f} |")
+    excess = pd.Series(picked - fixed).groupby(data.family).mean().nlargest(args.families)
+    frame = data.frame
+    for family, x in excess.items():
+        rows = np.flatnonzero(data.family == family)
+        print(f"\n{family}: {rows.size} rows, pick {100 * picked[rows].mean():.2f}% against "
+              f"{100 * fixed[rows].mean():.2f}% (+{100 * x:.2f} points); its largest rows:")
+        for r in rows[np.argsort(fixed[rows] - picked[rows], kind="stable")[:3]]:
+            print(f"  {frame['graph'][r]} {frame['scenario'][r]} {frame['cluster'][r]}: "
+                  f"{data.orders[pick[r]]} {100 * picked[r]:.1f}% against "
+                  f"{100 * fixed[r]:.1f}%")
 
 
 if __name__ == "__main__":
