@@ -21,7 +21,7 @@ With ``m = 1`` the result equals ``g``. Traversal orders of a pipelined graph ar
 from micro-batch 0's graph (`micro_batch_graph`) and expanded by `expand_order`: each
 op's copies follow one another in micro-batch order (docs/study.md says why).
 
->>> from travorder.graph.opgraph import OpGraph, own_groups
+>>> from travorder.graph.opgraph import OpGraph
 >>> from travorder.graph.training import training_graph
 >>> g = training_graph(OpGraph.from_records(
 ...     [{"name": "fc", "flops": 8.0, "output_bytes": 4.0, "param_bytes": 16.0}], []))

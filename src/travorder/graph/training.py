@@ -19,7 +19,7 @@
 Backward nodes come after the forward ones: ``f'`` has index ``n + f``.
 Graphs that already contain backward ops (profiled training graphs) come back unchanged.
 
->>> from travorder.graph.opgraph import OpGraph, own_groups
+>>> from travorder.graph.opgraph import OpGraph
 >>> g = OpGraph.from_records(
 ...     [{"name": "a", "flops": 10, "output_bytes": 4, "param_bytes": 8},
 ...      {"name": "b", "flops": 1, "output_bytes": 4}], [("a", "b")])
