@@ -62,7 +62,7 @@ def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
         raise GraphError(f"graph {g.name!r} is already pipelined "
                          f"({micro_batches(g)} micro-batches)")
     m, n = int(m), g.n_nodes
-    coloc, names = g.colocation.copy(), g.names.tolist()
+    coloc, names = g.colocation, g.names.tolist()
     if m > 1:  # an op without a group gets one, so that its copies share a device
         coloc = own_groups(coloc)
         width = len(str(m - 1))

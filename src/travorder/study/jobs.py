@@ -43,6 +43,7 @@ JOB_VERSION = 2
 KEY_FIELDS = ("graph_hash", "graph_name", "scenario", "cluster", "order", "placer",
               "config_hash", "seed")
 
+
 def _digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
