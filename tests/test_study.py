@@ -246,6 +246,19 @@ def test_every_bundled_spec_passes_the_runners_preflight():
         runner._preflight(four)
 
 
+def test_every_bundled_spec_has_its_dataset_in_a_bundled_dataset():
+    """``specs/NAME.toml`` is exported to ``data/NAME.parquet`` (docs/study.md), and each
+    export is a part of exactly one of `BUNDLED_DATASETS`."""
+    from travorder.study import runner
+    from travorder.study.export import BUNDLED_DATASETS
+
+    root = Path(runner.__file__).parent
+    specs = {p.stem for p in (root / "specs").glob("*.toml")}
+    data = {p.stem for p in (root / "data").glob("*.parquet")}
+    parts = [Path(p).stem for ps in BUNDLED_DATASETS.values() for p in ps]
+    assert specs == data == set(parts) and len(parts) == len(set(parts))
+
+
 def test_a_bad_placer_option_writes_nothing(tmp_path):
     bad = spec(placer={"name": "rl", "options": {"episodes": -3}})
     store = tmp_path / "s.sqlite"

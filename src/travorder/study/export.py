@@ -62,10 +62,9 @@ Z = 2.0
 #: The datasets of the bundled study, in ``travorder/study/data``: each name's parts.
 BUNDLED_DATASETS = {
     "greedy": ("greedy.parquet", "greedy-clusters.parquet"),
-    "rl": ("rl.parquet", "rl-pipelined-1.parquet", "rl-pipelined-2.parquet",
-           "rl-pipelined-3.parquet", "rl-pipelined-4.parquet", "rl-full-1.parquet",
-           "rl-full-2.parquet", "rl-full-3.parquet", "rl-4gpu-1.parquet",
-           "rl-4gpu-2.parquet"),
+    "rl": ("rl.parquet", *(f"rl-pipelined-{i}.parquet" for i in range(1, 6)),
+           *(f"rl-full-{i}.parquet" for i in range(1, 5)),
+           *(f"rl-4gpu-{i}.parquet" for i in range(1, 4))),
     "greedy-perturbed": ("greedy-perturbed.parquet",),
     "rl-perturbed": ("rl-perturbed.parquet",),
 }
