@@ -33,7 +33,7 @@ from predictor_signals import REFERENCE, with_splits  # beside this
 from travorder.placement.orders import TOPOLOGICAL_ORDERS
 from travorder.predictor.dataset import TrainingData
 from travorder.predictor.evaluate import family_folds
-from travorder.predictor.model import OrderPredictor, regrets, tie_ranking
+from travorder.predictor.model import DEFAULT_TOLERANCE, OrderPredictor, regrets, tie_ranking
 
 GRID = (None, 0.02, 0.03, 0.05, 0.1, 0.2)
 NOISE = 0.01
@@ -56,7 +56,7 @@ def pick(E: np.ndarray, safety: np.ndarray, near: np.ndarray, t: float | None
          ) -> np.ndarray:
     """The shipped pick, kept on the safest order where it would leave it for a ``near``
     order predicted at most ``t`` better (``None``: the shipped pick)."""
-    p = tie_ranking(E, safety, 0.02, -E)[:, 0]
+    p = tie_ranking(E, safety, DEFAULT_TOLERANCE, -E)[:, 0]
     if t is None:
         return p
     safest = int(np.argmin(safety))
