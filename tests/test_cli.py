@@ -304,6 +304,11 @@ def test_negative_seed_gets_one_line(capsys, model):
     assert code == 2 and "non-negative" in err and err.count("\n") == 1
 
 
+def test_recommend_with_an_unknown_placer_gets_one_line(capsys, model):
+    code, out, err = _recommend(capsys, model, "--placer", "magic")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "unknown placer" in err
+
+
 def test_train_out_naming_a_file_is_refused(capsys, tmp_path):
     existing = tmp_path / "model"
     existing.write_text("not a directory")

@@ -178,6 +178,9 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
     learned_from = manifest.get("placer", placer)
     if learned_from != placer:
+        from travorder.placement.placers import get_placer  # numba: off the common path
+
+        get_placer(placer)  # a name that is no placer is an error, not a warning
         warnings.insert(0, f"the model learned from {learned_from}'s placements, not "
                            f"{placer}'s: its orders are {learned_from}'s best")
     row |= structure_features(prepared, c, row, est, manifest)
