@@ -29,11 +29,11 @@ import argparse
 import numpy as np
 import pandas as pd
 
-from predictor_signals import REFERENCE, with_splits  # beside this
+from predictor_signals import regrets_by_scenario, with_splits  # beside this
 from travorder.placement.orders import TOPOLOGICAL_ORDERS
 from travorder.predictor.dataset import TrainingData
 from travorder.predictor.evaluate import family_folds
-from travorder.predictor.model import DEFAULT_TOLERANCE, OrderPredictor, regrets, tie_ranking
+from travorder.predictor.model import DEFAULT_TOLERANCE, OrderPredictor, tie_ranking
 
 GRID = (None, 0.02, 0.03, 0.05, 0.1, 0.2)
 NOISE = 0.01
@@ -86,11 +86,8 @@ def main() -> None:
     ap.add_argument("--folds", type=int, default=10)
     args = ap.parse_args()
     data = with_splits([args.data])
-    R = regrets(data.times.to_numpy())
-    ref = R[:, data.orders.index(REFERENCE)]
+    R, ref, scenario, names = regrets_by_scenario(data)
     near = np.array([o in TOPOLOGICAL_ORDERS for o in data.orders])
-    scenario = data.frame["scenario"].to_numpy()
-    names = list(dict.fromkeys(scenario))
     every = np.arange(len(R))
     fold = family_folds(data.family, args.folds, data.family)
     E, safety = held_out(data, every, fold)

@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from predictor_signals import REFERENCE, with_splits  # beside this
+from predictor_signals import REFERENCE, regrets_by_scenario, with_splits  # beside this
 from travorder.predictor.dataset import TrainingData
 from travorder.predictor.evaluate import family_folds
-from travorder.predictor.model import OrderPredictor, regrets
+from travorder.predictor.model import OrderPredictor
 
 
 def subsampled_picks(data: TrainingData, folds: int, share: float, seed: int
@@ -50,10 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.perf_counter()
     data = with_splits([args.data])
-    regret = regrets(data.times.to_numpy())
-    fixed = regret[:, data.orders.index(REFERENCE)]
-    scenario = data.frame["scenario"].to_numpy()
-    names = list(dict.fromkeys(scenario))
+    regret, fixed, scenario, names = regrets_by_scenario(data)
     n_train = np.unique(data.family).size * (args.folds - 1) / args.folds
     print("| share of the training families | families | mean regret | "
           + " | ".join(names) + " |")

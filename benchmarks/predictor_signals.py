@@ -57,6 +57,16 @@ def with_splits(sources: list[str], orders: list[str] | None = None) -> Training
     return replace(data, X=pd.concat([data.X, *extra.columns.values()], axis=1))
 
 
+def regrets_by_scenario(data: TrainingData
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[str]]:
+    """``data``'s regrets (rows x orders), `REFERENCE`'s regret per row, each row's
+    scenario and the scenarios in the order they first appear."""
+    regret = regrets(data.times.to_numpy())
+    scenario = data.frame["scenario"].to_numpy()
+    return (regret, regret[:, data.orders.index(REFERENCE)], scenario,
+            list(dict.fromkeys(scenario)))
+
+
 def coarse_placement(g: OpGraph, rows: list[tuple[int, str, Scenario]], orders: list[str],
                      max_nodes: int) -> dict[int, dict[str, float]]:
     """Per row, each order's step time (us; twice it where infeasible) of the greedy
@@ -146,10 +156,7 @@ def held_out_picks(data: TrainingData, folds: int, X: pd.DataFrame | None = None
 
 def report(data: TrainingData, picks: dict[str, np.ndarray]) -> None:
     """Mean regret per scenario, and its ratio to ``critical_path``'s, per variant."""
-    regret = regrets(data.times.to_numpy())
-    fixed = regret[:, data.orders.index(REFERENCE)]
-    scenario = data.frame["scenario"].to_numpy()
-    names = list(dict.fromkeys(scenario))
+    regret, fixed, scenario, names = regrets_by_scenario(data)
     print("| variant | mean regret | " + " | ".join(names) + " |")
     print("|" + " --- |" * (len(names) + 2))
     for name, pick in {REFERENCE: None, **picks}.items():

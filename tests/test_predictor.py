@@ -177,8 +177,8 @@ def test_families_worse_than_the_best_fixed_order_beyond_noise(frame):
 
 
 def test_evaluate_on_a_separate_test_dataset(frame):
-    # 30 trees learn the rule of 32 training rows at this rate
-    params = {"n_estimators": 30, "min_child_samples": 2, "learning_rate": 0.1}
+    # 30 trees of one seed learn the rule of 32 training rows at this rate
+    params = {"n_estimators": 30, "min_child_samples": 2, "learning_rate": 0.1, "n_seeds": 1}
     data = design_matrix(frame)
     # The test data: the same rows under other costs, where bfs never wins, and one
     # family the training data does not hold.
@@ -413,6 +413,60 @@ def test_follows_scikit_learn_parameter_conventions(frame):
         p.set_params(depth=3)
     with pytest.raises(TravorderError, match="not fitted"):
         q.predict(design_matrix(frame).X)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_seed_ensemble_averages_its_fits(frame, kind):
+    data = design_matrix(frame)
+    params = {"n_estimators": 10, "min_child_samples": 2}
+    three = OrderPredictor(kind, n_seeds=3, random_state=5, **params).fit(data.X, data.times)
+    alone = [OrderPredictor(kind, n_seeds=1, random_state=5 + s, **params)
+             .fit(data.X, data.times) for s in range(3)]
+    assert len(three.models_) == 3 * len(alone[0].models_)
+    if kind == "classifier":  # averaged log-odds; the classes never best stay at -inf
+        fitted = three.scores(data.X)[:, three.labels_]
+        want = np.mean([a.scores(data.X)[:, a.labels_] for a in alone], axis=0)
+    else:
+        fitted, want = three.scores(data.X), np.mean([a.scores(data.X) for a in alone], axis=0)
+    np.testing.assert_allclose(fitted, want, rtol=1e-12, atol=1e-12)
+    # the fits differ (bagging draws per seed), so the average is not one of them
+    assert not np.allclose(alone[0].scores(data.X), alone[1].scores(data.X))
+    if kind == "regressor":  # SHAP values add up to the averaged score, less the bias
+        import lightgbm as lgb
+
+        from travorder.predictor.model import _REGRESSOR_TEMPERATURE
+
+        X = data.X.to_numpy()[:3]
+        scores = three.scores(X)
+        for i, j in enumerate(scores.argmax(axis=1)):
+            bias = np.mean([lgb.Booster(model_str=m.text).predict(
+                X[i:i + 1], pred_contrib=True)[0, -1] for m in three._seeds(j)])
+            assert three.explain(X[i:i + 1]).sum() == pytest.approx(
+                scores[i, j] + bias / _REGRESSOR_TEMPERATURE)
+
+
+def test_parallel_fits_give_the_same_model(frame):
+    data = design_matrix(frame)
+    params = {"n_estimators": 10, "min_child_samples": 2, "n_seeds": 2}
+    one, two = (OrderPredictor("regressor", n_jobs=n, **params).fit(data.X, data.times)
+                for n in (1, 2))
+    assert [m.text for m in one.models_] == [m.text for m in two.models_]
+    with pytest.raises(TravorderError, match="n_seeds must be a positive integer, got 0"):
+        OrderPredictor("regressor", n_seeds=0).fit(data.X, data.times)
+
+
+def test_models_saved_before_seed_ensembles_load_as_one_seed(frame, tmp_path):
+    data = design_matrix(frame)
+    p = OrderPredictor("regressor", n_estimators=10, min_child_samples=2, n_seeds=1).fit(
+        data.X, data.times)
+    p.save(tmp_path)
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    for name in ("n_seeds", "n_jobs"):
+        del manifest["params"][name]
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    q = OrderPredictor.load(tmp_path)[0]
+    assert q.n_seeds == 1
+    np.testing.assert_array_equal(q.scores(data.X), p.scores(data.X))
 
 
 def test_spread_weights_count_rows_whose_orders_are_close():

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from travorder.errors import FormatError
-from travorder.predictor.trees import TreeEnsemble
+from travorder.predictor.trees import TreeEnsemble, compact
 
 
 def _data(seed: int, n: int = 200, d: int = 4, nan: float = 0.0):
@@ -65,6 +65,7 @@ def test_tree_without_split_and_header_fields():
     (lambda t: "not a model", "not a LightGBM text model"),
     (lambda t: t.replace("max_feature_idx=", "max_feature=", 1), "header lacks"),
     (lambda t: t.replace("leaf_value=", "leaf_value=1 ", 1), "values of leaf_value"),
+    (lambda t: t.replace("threshold=", "threshold=x ", 1), "a value of threshold is not"),
     (lambda t: t.replace("num_cat=0", "num_cat=1", 1), "categorical"),
     (lambda t: t.replace("\nnum_leaves=", "\nnum_leaves=0\nx=", 1), "a tree without leaves"),
 ])
@@ -72,3 +73,18 @@ def test_broken_text_is_a_format_error(edit, message):
     booster, _ = _fit("regression", 0, 0.0)
     with pytest.raises(FormatError, match=message):
         TreeEnsemble(edit(booster.model_to_string()))
+
+
+@pytest.mark.parametrize("objective", ["regression", "multiclass"])
+def test_compact_text_predicts_and_explains_as_the_full_one(objective):
+    booster, X = _fit(objective, 3, 0.2)
+    full = booster.model_to_string()
+    short = compact(full)
+    assert len(short) < len(full)
+    assert not any(f"\n{k}=" in short for k in ("split_gain", "internal_value",
+                                               "internal_weight", "leaf_weight", "tree_sizes"))
+    again = lgb.Booster(model_str=short)
+    for kw in ({"raw_score": True}, {"pred_contrib": True}):
+        np.testing.assert_array_equal(again.predict(X, **kw), booster.predict(X, **kw))
+    np.testing.assert_array_equal(TreeEnsemble(short).raw_scores(X),
+                                  TreeEnsemble(full).raw_scores(X))

@@ -14,6 +14,12 @@ Three kinds share the interface, so they can be compared on the same folds:
 - ``ranker``: `lightgbm.LGBMRanker` (lambdarank), one query per row, one item per order
   (the row's features plus a one-hot of the order), relevance from the order's rank.
 
+Each LightGBM model is fitted ``n_seeds`` times, with random states ``random_state``,
+``random_state + 1``, ..., and the fits' raw scores are averaged: a seed ensemble. The
+rows and columns each tree sees are drawn per seed (``subsample``, ``colsample_bytree``),
+so one fit's idiosyncratic splits, which decide a few picks far from the best, average
+out (docs/predictor.md, "Seed ensembles").
+
 ``predict_proba`` gives each order's probability of being the best (for the regressor
 and the ranker, a softmax of their scores). ``expected_regret`` turns probabilities into
 the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
@@ -53,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from travorder.errors import FormatError, TravorderError, check_format
-from travorder.predictor.trees import TreeEnsemble
+from travorder.predictor.trees import TreeEnsemble, compact
 from travorder.versions import library_versions
 
 if TYPE_CHECKING:
@@ -75,7 +81,8 @@ _REGRESSOR_TEMPERATURE = 0.05
 #: The row weights of ``row_weight``: none, or `spread_weights`.
 ROW_WEIGHTS = (None, "spread")
 # What a manifest written before these parameters existed was fitted with.
-_UNSET_BEFORE = {"subsample": 1.0, "colsample_bytree": 1.0, "row_weight": None}
+_UNSET_BEFORE = {"subsample": 1.0, "colsample_bytree": 1.0, "row_weight": None,
+                 "n_seeds": 1}
 # The study's tie rule: orders within 1 % are equal, so a smaller spread is no signal.
 _SPREAD_FLOOR = 0.01
 
@@ -133,26 +140,30 @@ class OrderPredictor:
 
     The LightGBM parameters are LightGBM's (``subsample`` with a bagging frequency of 1);
     ``row_weight`` weighs the regressor's rows (`ROW_WEIGHTS`), the classifier and the
-    ranker weigh rows equally.
+    ranker weigh rows equally; ``n_seeds`` fits of each model are averaged. ``n_jobs``
+    fits run at once (joblib's convention, -1: one per core), each on one thread, so the
+    fitted model does not depend on it.
     """
 
-    def __init__(self, kind: str = "classifier", *, n_estimators: int = 400,
-                 learning_rate: float = 0.025, num_leaves: int = 15,
+    def __init__(self, kind: str = "classifier", *, n_estimators: int = 200,
+                 learning_rate: float = 0.05, n_seeds: int = 8, num_leaves: int = 15,
                  min_child_samples: int = 5, subsample: float = 0.8,
                  colsample_bytree: float = 0.5, row_weight: str | None = "spread",
                  random_state: int = 0, tie_tolerance: float | None = DEFAULT_TOLERANCE,
-                 tolerance_folds: int = 3) -> None:
+                 tolerance_folds: int = 3, n_jobs: int = -1) -> None:
         self.kind = kind
         self.tie_tolerance = tie_tolerance
         self.tolerance_folds = tolerance_folds
         self.n_estimators = n_estimators
         self.learning_rate = learning_rate
+        self.n_seeds = n_seeds
         self.num_leaves = num_leaves
         self.min_child_samples = min_child_samples
         self.subsample = subsample
         self.colsample_bytree = colsample_bytree
         self.row_weight = row_weight
         self.random_state = random_state
+        self.n_jobs = n_jobs
 
     # ------------------------------------------------------------------ parameters
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -176,22 +187,26 @@ class OrderPredictor:
         return f"OrderPredictor({', '.join(changed)})"
 
     # ------------------------------------------------------------------ fitting
-    def _lgb_params(self) -> dict[str, Any]:
+    def _lgb_params(self, seed: int = 0) -> dict[str, Any]:
+        """LightGBM's parameters for the ``seed``-th fit of a model."""
         return {"n_estimators": self.n_estimators, "learning_rate": self.learning_rate,
                 "num_leaves": self.num_leaves, "min_child_samples": self.min_child_samples,
                 "subsample": self.subsample, "subsample_freq": 1,
                 "colsample_bytree": self.colsample_bytree,
-                "random_state": self.random_state, "n_jobs": 1, "verbose": -1,
+                "random_state": self.random_state + seed, "n_jobs": 1, "verbose": -1,
                 "deterministic": True}
 
     def fit(self, X: Features, times: pd.DataFrame, groups: Any = None) -> OrderPredictor:
         """Learn from features ``X`` and ``times`` (rows x orders, step times, > 0);
         ``groups``: a family per row, for ``tie_tolerance=None`` (`choose_tolerance`)."""
         import lightgbm as lgb
+        from joblib import Parallel, delayed
 
         if self.kind not in KINDS:
             raise TravorderError(f"unknown predictor kind {self.kind!r} (expected "
                                  f"{', '.join(KINDS)})")
+        if not (isinstance(self.n_seeds, int) and self.n_seeds >= 1):
+            raise TravorderError(f"n_seeds must be a positive integer, got {self.n_seeds!r}")
         if self.row_weight not in ROW_WEIGHTS:
             raise TravorderError(f"unknown row_weight {self.row_weight!r} (expected "
                                  f"{' or '.join(map(repr, ROW_WEIGHTS))})")
@@ -215,22 +230,23 @@ class OrderPredictor:
             for c in range(k)])
         if self.kind == "classifier":
             self.labels_ = np.unique(best)  # the orders that were ever best
-            boosters = []
-            if self.labels_.size > 1:
-                clf = lgb.LGBMClassifier(**self._lgb_params())
-                boosters = [clf.fit(Xa, np.searchsorted(self.labels_, best)).booster_]
+            fits = [] if self.labels_.size < 2 else [
+                delayed(lgb.LGBMClassifier(**self._lgb_params(s)).fit)(
+                    Xa, np.searchsorted(self.labels_, best)) for s in range(self.n_seeds)]
         elif self.kind == "regressor":
             weight = spread_weights(log_ratio) if self.row_weight == "spread" else None
-            boosters = [lgb.LGBMRegressor(**self._lgb_params())
-                        .fit(Xa, log_ratio[:, j], sample_weight=weight).booster_
-                        for j in range(k)]
+            fits = [delayed(lgb.LGBMRegressor(**self._lgb_params(s)).fit)(
+                Xa, log_ratio[:, j], sample_weight=weight)
+                for j in range(k) for s in range(self.n_seeds)]
         else:
             ranks = log_ratio.argsort(axis=1).argsort(axis=1)
             relevance = (k - 1 - ranks).reshape(-1)
-            ranker = lgb.LGBMRanker(**self._lgb_params())
-            ranker.fit(self._ranker_rows(Xa), relevance, group=np.full(Xa.shape[0], k))
-            boosters = [ranker.booster_]
-        self.models_ = [TreeEnsemble(b.model_to_string()) for b in boosters]
+            rows = self._ranker_rows(Xa)
+            fits = [delayed(lgb.LGBMRanker(**self._lgb_params(s)).fit)(
+                rows, relevance, group=np.full(Xa.shape[0], k)) for s in range(self.n_seeds)]
+        # LightGBM releases the GIL while it fits: threads run the fits side by side.
+        fitted = Parallel(n_jobs=self.n_jobs, prefer="threads")(fits)
+        self.models_ = [TreeEnsemble(compact(m.booster_.model_to_string())) for m in fitted]
         self.tie_tolerance_ = self.tie_tolerance if self.tie_tolerance is not None \
             else self.choose_tolerance(Xa, times, groups)
         return self
@@ -310,19 +326,27 @@ class OrderPredictor:
         Xa = self._check_X(X)
         k = self.classes_.size
         if self.kind == "regressor":
-            pred = np.column_stack([m.raw_scores(Xa)[:, 0] for m in self.models_])
+            pred = np.column_stack([self._raw_scores(Xa, j)[:, 0] for j in range(k)])
             return -pred / _REGRESSOR_TEMPERATURE
         if self.kind == "ranker":
-            return self.models_[0].raw_scores(self._ranker_rows(Xa)).reshape(-1, k)
+            return self._raw_scores(self._ranker_rows(Xa), 0).reshape(-1, k)
         out = np.full((Xa.shape[0], k), -np.inf)
         if not self.models_:
             out[:, self.labels_[0]] = 0.0
         else:
-            raw = self.models_[0].raw_scores(Xa)
+            raw = self._raw_scores(Xa, 0)
             # Binary: P(second label) = sigmoid(raw), so the log-odds pair is (0, raw).
             out[:, self.labels_] = np.column_stack([np.zeros(len(raw)), raw]) \
                 if raw.shape[1] == 1 else raw
         return out
+
+    def _seeds(self, target: int) -> list[TreeEnsemble]:
+        """The ``n_seeds`` fits of model ``target`` (an order's, or the only one)."""
+        return self.models_[target * self.n_seeds:(target + 1) * self.n_seeds]
+
+    def _raw_scores(self, Xa: np.ndarray, target: int) -> np.ndarray:
+        """Model ``target``'s raw scores, averaged over its seeds."""
+        return np.mean([m.raw_scores(Xa) for m in self._seeds(target)], axis=0)
 
     def predict_proba(self, X: Features) -> np.ndarray:
         """Probability of each order (columns as ``classes_``) being the best."""
@@ -378,18 +402,21 @@ class OrderPredictor:
         Xa = self._check_X(X)
         top = self.scores(Xa).argmax(axis=1)
         d = self.n_features_in_
-        boosters = [lgb.Booster(model_str=m.text) for m in self.models_]
+
+        def contrib(target: int, rows: np.ndarray) -> np.ndarray:
+            # SHAP values add up like the scores: the seeds' mean is the ensemble's.
+            return np.mean([lgb.Booster(model_str=m.text).predict(rows, pred_contrib=True)
+                            for m in self._seeds(target)], axis=0)
+
         if self.kind == "regressor":
-            contrib = [boosters[j].predict(Xa[i:i + 1], pred_contrib=True)[0, :d]
-                       for i, j in enumerate(top)]
-            return -np.array(contrib) / _REGRESSOR_TEMPERATURE
+            c = [contrib(j, Xa[i:i + 1])[0, :d] for i, j in enumerate(top)]
+            return -np.array(c) / _REGRESSOR_TEMPERATURE
         if self.kind == "ranker":
             rows = self._ranker_rows(Xa).reshape(Xa.shape[0], -1, d + self.classes_.size)
-            return np.array([boosters[0].predict(rows[i, j][None], pred_contrib=True)[0, :d]
-                             for i, j in enumerate(top)])
-        if not boosters:
+            return np.array([contrib(0, rows[i, j][None])[0, :d] for i, j in enumerate(top)])
+        if not self.models_:
             return np.zeros_like(Xa)
-        c = boosters[0].predict(Xa, pred_contrib=True)
+        c = contrib(0, Xa)
         if c.shape[1] == d + 1:  # binary: contributions towards the second label
             sign = np.where(top == self.labels_[1], 1.0, -1.0)
             return c[:, :d] * sign[:, None]
@@ -488,8 +515,8 @@ class OrderPredictor:
         problems = []
         if self.regret_table_.shape != (k, k) or self.mean_regret_.shape != (k,):
             problems.append("regret table")
-        if len(self.models_) != expected:
-            problems.append(f"{len(self.models_)} models for {expected}")
+        if len(self.models_) != expected * self.n_seeds:
+            problems.append(f"{len(self.models_)} models for {expected * self.n_seeds}")
         for m in self.models_:
             if m.num_feature != self.n_features_in_ + n_extra:
                 problems.append(f"a model with {m.num_feature} features for "
