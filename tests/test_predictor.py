@@ -451,8 +451,12 @@ def test_parallel_fits_give_the_same_model(frame):
     one, two = (OrderPredictor("regressor", n_jobs=n, **params).fit(data.X, data.times)
                 for n in (1, 2))
     assert [m.text for m in one.models_] == [m.text for m in two.models_]
-    with pytest.raises(TravorderError, match="n_seeds must be a positive integer, got 0"):
-        OrderPredictor("regressor", n_seeds=0).fit(data.X, data.times)
+    for bad in (0, 2.0, True):
+        with pytest.raises(TravorderError, match=f"n_seeds must be a positive integer, got "
+                                                 f"{bad!r}"):
+            OrderPredictor("regressor", n_seeds=bad).fit(data.X, data.times)
+    numpy_int = OrderPredictor("regressor", **{**params, "n_seeds": np.int64(2)})
+    assert len(numpy_int.fit(data.X, data.times).models_) == 2 * data.times.shape[1]
 
 
 def test_models_saved_before_seed_ensembles_load_as_one_seed(frame, tmp_path):

@@ -205,7 +205,8 @@ class OrderPredictor:
         if self.kind not in KINDS:
             raise TravorderError(f"unknown predictor kind {self.kind!r} (expected "
                                  f"{', '.join(KINDS)})")
-        if not (isinstance(self.n_seeds, int) and self.n_seeds >= 1):
+        if isinstance(self.n_seeds, bool) or not isinstance(self.n_seeds, (int, np.integer)) \
+                or self.n_seeds < 1:
             raise TravorderError(f"n_seeds must be a positive integer, got {self.n_seeds!r}")
         if self.row_weight not in ROW_WEIGHTS:
             raise TravorderError(f"unknown row_weight {self.row_weight!r} (expected "
