@@ -45,6 +45,7 @@ LightGBM is imported to fit and for SHAP explanations.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import inspect
@@ -404,10 +405,14 @@ class OrderPredictor:
         top = self.scores(Xa).argmax(axis=1)
         d = self.n_features_in_
 
+        @functools.cache  # each model read once per call, however many rows
+        def boosters(target: int) -> list[lgb.Booster]:
+            return [lgb.Booster(model_str=m.text) for m in self._seeds(target)]
+
         def contrib(target: int, rows: np.ndarray) -> np.ndarray:
             # SHAP values add up like the scores: the seeds' mean is the ensemble's.
-            return np.mean([lgb.Booster(model_str=m.text).predict(rows, pred_contrib=True)
-                            for m in self._seeds(target)], axis=0)
+            return np.mean([b.predict(rows, pred_contrib=True) for b in boosters(target)],
+                           axis=0)
 
         if self.kind == "regressor":
             c = [contrib(j, Xa[i:i + 1])[0, :d] for i, j in enumerate(top)]
