@@ -1,9 +1,10 @@
 """Does the best order survive perturbed costs? A perturbed study against its twin.
 
 Each row of a perturbed dataset (scenarios with ``op_noise``, ``edge_noise``,
-``latency_us``) is matched with the row of the unperturbed dataset for the same graph,
-cluster and placer in the scenario without the perturbation settings. Per scenario and
-cluster it prints the matched rows and
+``latency_us``) is matched with its twin in the unperturbed dataset
+(`travorder.study.export.unperturbed_twins`: the same graph, cluster, placer and
+coarsening in the scenario without the perturbation settings). Per scenario and cluster
+it prints the rows and
 
 - ``differs``: the share where the perturbed best order is not the unperturbed one;
 - ``outside ties``: the share where it is not even among the unperturbed row's ties
@@ -19,13 +20,11 @@ cluster it prints the matched rows and
 from __future__ import annotations
 
 import argparse
-import json
 
 import numpy as np
 import pandas as pd
 
-from travorder.study.export import bundled_dataset, load_dataset
-from travorder.study.scenarios import Scenario
+from travorder.study.export import bundled_dataset, load_dataset, unperturbed_twins
 
 
 def _load(where: str) -> pd.DataFrame:
@@ -34,23 +33,11 @@ def _load(where: str) -> pd.DataFrame:
     return load_dataset(where)
 
 
-def unperturbed_name(definition: str) -> str:
-    """The name of a scenario without its perturbation settings."""
-    d = json.loads(definition)
-    d.pop("name")
-    for key in ("op_noise", "edge_noise", "latency_us", "perturb_seed"):
-        d.pop(key, None)
-    return Scenario.from_dict(d).name
-
-
 def compare(perturbed: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
     """One row per perturbed scenario and cluster (module docstring)."""
-    p = perturbed.assign(base_scenario=perturbed["scenario_def"].map(unperturbed_name))
-    keys = ["graph_hash", "graph", "cluster", "placer"]
-    b = base[[*keys, "scenario", "best_order", "ties"]].rename(
-        columns={"scenario": "base_scenario", "best_order": "base_best",
-                 "ties": "base_ties"})
-    m = p.merge(b, on=[*keys, "base_scenario"], how="inner")
+    twins = unperturbed_twins(perturbed, base)
+    m = perturbed.reset_index(drop=True).assign(base_best=twins["best_order"].to_numpy(),
+                                                base_ties=twins["ties"].to_numpy())
     own = m.apply(lambda r: r[f"time_{r['base_best']}"], axis=1)
     m = m.assign(differs=m["best_order"] != m["base_best"],
                  outside=[o not in t.split(",") for o, t in zip(m["best_order"],
@@ -69,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     perturbed = _load(args.perturbed)
     table = compare(perturbed, _load(args.base))
-    print(f"{len(perturbed)} perturbed rows, {int(table['rows'].sum())} matched")
+    print(f"{len(perturbed)} perturbed rows, each with its twin")
     print(f"{'scenario':62} {'cluster':14} {'rows':>5} {'differs':>8} {'outside ties':>13} "
           f"{'regret mean':>12} {'median':>7}")
     for r in table.itertuples(index=False):

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -21,7 +22,7 @@ from travorder.graph.perturb import lognormal_factors, perturb_costs
 from travorder.placement import load_cluster
 from travorder.placement.clusters import Cluster, Device, compute_times, save_cluster, work_times
 from travorder.study import run_study
-from travorder.study.export import bundled_dataset, dataset_frame
+from travorder.study.export import bundled_dataset, dataset_frame, unperturbed_twins
 from travorder.study.jobs import cluster_hash
 from travorder.study.scenarios import Scenario, parse_scenarios
 from travorder.study.spec import StudySpec, load_spec
@@ -129,6 +130,9 @@ def test_perturbation_names_and_definitions():
     assert Scenario(latency_us=5).to_dict() == Scenario(latency_us=5.0).to_dict()
     plain = Scenario(batch="train", perturb_seed=0, op_noise=0.0, latency_us=0)
     assert plain.name == "batch=train" and plain == Scenario(batch="train")
+    noisy = Scenario(batch="train", micro_batches=4, op_noise=0.2, edge_noise=0.1,
+                     latency_us=5, perturb_seed=3, name="mine")
+    assert noisy.unperturbed() == Scenario(batch="train", micro_batches=4)
     assert set(plain.to_dict()) == {"batch", "micro_batches", "memory",
                                     "coarsen_max_nodes", "name"}
     assert [x.name for x in parse_scenarios({"op_noise": [0.0, 0.2]}, "spec")] == [
@@ -140,6 +144,30 @@ def test_bundled_scenarios_keep_their_definitions():
         for text in set(bundled_dataset(which)["scenario_def"]):
             s = Scenario.from_dict(json.loads(text))
             assert json.dumps(s.to_dict(), sort_keys=True) == text
+
+
+@pytest.mark.parametrize(("perturbed", "base"), [("greedy-perturbed", "greedy"),
+                                                  ("rl-perturbed", "rl")])
+def test_every_bundled_perturbed_row_has_one_unperturbed_twin(perturbed, base):
+    rows = bundled_dataset(perturbed)
+    twins = unperturbed_twins(rows, bundled_dataset(base))
+    assert len(twins) == len(rows) and not set(twins["scenario"]) & set(rows["scenario"])
+    for key in ("graph_hash", "cluster", "placer", "coarsen_max_nodes"):
+        assert (twins[key].to_numpy() == rows[key].to_numpy()).all()
+    assert [Scenario.from_dict(json.loads(d)).unperturbed().to_dict() for d in
+            rows["scenario_def"]] == [json.loads(d) for d in twins["scenario_def"]]
+
+
+def test_a_perturbed_row_without_one_twin_is_an_error():
+    rows = bundled_dataset("rl-perturbed")
+    base = bundled_dataset("rl")
+    lone = base[base["graph"] != rows["graph"].iloc[0]]
+    with pytest.raises(TravorderError, match=r"^2 perturbed rows have not exactly one "
+                       r"unperturbed twin; the first: albert_base in .* on k80x3 has 0$"):
+        unperturbed_twins(rows, lone)
+    other = unperturbed_twins(rows.iloc[:1], base).assign(config_hash="another placer")
+    with pytest.raises(TravorderError, match=r"has 2$"):
+        unperturbed_twins(rows, pd.concat([base, other]))
 
 
 @pytest.mark.parametrize(("table", "message"), [

@@ -145,7 +145,7 @@ def test_shipped_model_records_its_evaluation_on_the_bundled_dataset():
         assert ratio <= (0.5 if s["micro_batches"] > 1 else 0.85), (s["name"], ratio)
     # ... and is worse than that order beyond noise (1 point) on no held-out family (the
     # seed ensemble: a single fit flagged one or two families, which ones depending on its
-    # random seed; docs/predictor.md "Seed ensembles").
+    # random seed; docs/predictor.md, "The default model: seed ensembles").
     assert vs["families_worse"] == 0
     assert table[vs["method"]]["worst_family_excess"] <= 0.01
     assert table[vs["method"]]["families_worse"] == vs["families_worse"]

@@ -18,7 +18,7 @@ Each LightGBM model is fitted ``n_seeds`` times, with random states ``random_sta
 ``random_state + 1``, ..., and the fits' raw scores are averaged: a seed ensemble. The
 rows and columns each tree sees are drawn per seed (``subsample``, ``colsample_bytree``),
 so one fit's idiosyncratic splits, which decide a few picks far from the best, average
-out (docs/predictor.md, "Seed ensembles").
+out (docs/predictor.md, "The default model: seed ensembles").
 
 ``predict_proba`` gives each order's probability of being the best (for the regressor
 and the ranker, a softmax of their scores). ``expected_regret`` turns probabilities into

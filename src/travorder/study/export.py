@@ -66,7 +66,7 @@ BUNDLED_DATASETS = {
            *(f"rl-full-{i}.parquet" for i in range(1, 5)),
            *(f"rl-4gpu-{i}.parquet" for i in range(1, 4))),
     "greedy-perturbed": ("greedy-perturbed.parquet",),
-    "rl-perturbed": ("rl-perturbed.parquet",),
+    "rl-perturbed": ("rl-perturbed.parquet", "rl-perturbed-2.parquet", "rl-perturbed-3.parquet"),
 }
 
 _GROUP = ["graph_hash", "graph_name", "scenario", "cluster", "cluster_hash", "placer",
@@ -389,6 +389,33 @@ def bundled_dataset(name: str = "greedy") -> Any:
     data = resources.files("travorder.study").joinpath("data")
     return pd.concat([load_dataset(Path(str(data.joinpath(part))))
                       for part in BUNDLED_DATASETS[name]], ignore_index=True)
+
+
+def unperturbed_twins(perturbed: Any, base: Any) -> Any:
+    """The rows of ``base`` that are ``perturbed``'s rows on the estimated costs, one per
+    perturbed row and in its order: the same graph content, cluster, placer and
+    coarsening, in the scenario without the perturbation settings (`Scenario.unperturbed`;
+    ``base`` de-duplicated as `deduplicate` does). A perturbed row without exactly one
+    twin is an error.
+
+    >>> rows = bundled_dataset("rl-perturbed")
+    >>> twins = unperturbed_twins(rows, bundled_dataset("rl"))
+    >>> len(twins) == len(rows), sorted(set(twins["scenario"]))
+    (True, ['batch=train', 'batch=train,mb=4'])
+    """
+    keys = ["graph_hash", "cluster", "placer", "coarsen_max_nodes"]
+    wanted = perturbed[keys].assign(
+        scenario=[row_scenario(d).unperturbed().name for d in perturbed["scenario_def"]],
+        _row=np.arange(len(perturbed)))
+    matched = wanted.merge(deduplicate(base), on=[*keys, "scenario"], how="inner")
+    counts = np.bincount(matched["_row"], minlength=len(perturbed))
+    bad = np.flatnonzero(counts != 1)
+    if bad.size:
+        row = perturbed.iloc[bad[0]]
+        raise TravorderError(f"{bad.size} perturbed rows have not exactly one unperturbed "
+                             f"twin; the first: {row['graph']} in {row['scenario']} on "
+                             f"{row['cluster']} has {counts[bad[0]]}")
+    return matched.sort_values("_row").drop(columns="_row").reset_index(drop=True)
 
 
 def is_store(source: str | os.PathLike[str]) -> bool:

@@ -167,6 +167,16 @@ class Scenario:
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if k not in _PERTURB_KEYS or v}
 
+    def unperturbed(self) -> Scenario:
+        """The same scenario on the estimated costs, named by its settings: the scenario of
+        a perturbed row's twin.
+
+        >>> Scenario(batch="train", op_noise=0.2, latency_us=5).unperturbed().name
+        'batch=train'
+        """
+        return dataclasses.replace(self, op_noise=0.0, edge_noise=0.0, latency_us=0.0,
+                                   perturb_seed=0, name="")
+
     def batch_for(self, graph: OpGraph) -> int | None:
         """The batch ``graph`` is costed at in this scenario (None: as exported)."""
         if self.batch == "export":
