@@ -83,8 +83,12 @@ def main() -> None:
             ev = evaluate_sources(args.data, test, placer=args.placer, kinds=("regressor",),
                                   structure=structure, folds=args.folds)
             results[name] = (_by_scenario(ev, plain), _by_part(ev, parts))
-            print(f"{name}: {len(perturbed)} rows, {time.perf_counter() - t0:.0f} s",
-                  flush=True)
+            fam = ev.families.loc[METHODS["learned"]]
+            worse = ", ".join(f"{f} +{r.excess:.2%} (noise {r.noise:.2%})"
+                              for f, r in fam[fam["worse"]].iterrows()) or "none"
+            print(f"{name}: {len(perturbed)} rows, {time.perf_counter() - t0:.0f} s; "
+                  f"families where the learned pick is worse than the best fixed order "
+                  f"beyond noise: {worse}", flush=True)
     print(f"\n| scenario | rows | {' | '.join(f'{k}, twins / perturbed' for k in METHODS)} "
           f"| ratio (learned) |")
     print("| --- | --- |" + " --- |" * (len(METHODS) + 1))
