@@ -23,18 +23,18 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from importlib import resources
 from pathlib import Path
 
 import pandas as pd
 
 from travorder.predictor.train import evaluate_sources
-from travorder.study.export import read_sources, unperturbed_twins
+from travorder.study.export import BUNDLED_DATASETS, read_sources, unperturbed_twins
 
-DATA = Path(__file__).resolve().parents[1] / "src" / "travorder" / "study" / "data"
-RL_ROWS = [DATA / "rl.parquet", *(DATA / f"rl-pipelined-{i}.parquet" for i in range(1, 6)),
-           *(DATA / f"rl-4gpu-{i}.parquet" for i in range(1, 4))]
-RL_PERTURBED = [DATA / "rl-perturbed.parquet", DATA / "rl-perturbed-2.parquet",
-                DATA / "rl-perturbed-3.parquet"]
+DATA = Path(str(resources.files("travorder.study").joinpath("data")))
+#: The coarsened parts of the RL study, in the order the shipped RL model read them.
+RL_ROWS = [DATA / p for p in BUNDLED_DATASETS["rl"] if not p.startswith("rl-full")]
+RL_PERTURBED = [DATA / p for p in BUNDLED_DATASETS["rl-perturbed"]]
 METHODS = {"learned": "regressor", "best fixed": "best-fixed", "random": "random",
            "checking 3": "regressor+verify3"}
 

@@ -66,7 +66,7 @@ BUNDLED_DATASETS = {
            *(f"rl-full-{i}.parquet" for i in range(1, 5)),
            *(f"rl-4gpu-{i}.parquet" for i in range(1, 4))),
     "greedy-perturbed": ("greedy-perturbed.parquet",),
-    "rl-perturbed": ("rl-perturbed.parquet", "rl-perturbed-2.parquet", "rl-perturbed-3.parquet"),
+    "rl-perturbed": ("rl-perturbed.parquet", *(f"rl-perturbed-{i}.parquet" for i in (2, 3))),
 }
 
 _GROUP = ["graph_hash", "graph_name", "scenario", "cluster", "cluster_hash", "placer",
