@@ -22,7 +22,7 @@ from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
 from travorder.graph import training_graph
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate
-from travorder.predictor.model import KINDS, MANIFEST, OrderPredictor
+from travorder.predictor.model import KINDS, MANIFEST, TREES_FILE, OrderPredictor
 
 ORDERS = ["topo", "bfs", "dfs_preorder"]
 
@@ -326,7 +326,7 @@ def _corrupt(model_dir: str, tmp_path, how: str) -> str:
     elif how == "truncated":
         f = d / next(iter(manifest["model_files"]))
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
-    elif how == "not gzip":  # with the manifest's checksum, so the reading fails
+    elif how == "not npz":  # with the manifest's checksum, so the reading fails
         f = next(iter(manifest["model_files"]))
         (d / f).write_bytes(b"tree\n")
         manifest["model_files"][f] = hashlib.sha256(b"tree\n").hexdigest()
@@ -337,8 +337,8 @@ def _corrupt(model_dir: str, tmp_path, how: str) -> str:
 
 
 @pytest.mark.parametrize(("how", "message"), [
-    ("schema", "feature schema"), ("truncated", "broken LightGBM model"),
-    ("not gzip", "broken LightGBM model"),
+    ("schema", "feature schema"), ("truncated", "broken model (its checksum differs"),
+    ("not npz", "broken model (broken tree arrays"),
     ("mismatch", "manifest does not match its model")])
 def test_bad_model_files_exit_2_with_one_line(capsys, model_dir, onnx_model, tmp_path, how,
                                               message):
@@ -347,22 +347,26 @@ def test_bad_model_files_exit_2_with_one_line(capsys, model_dir, onnx_model, tmp
     assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
-def test_plain_text_models_of_older_versions_load(model_dir, tmp_path):
+@pytest.mark.parametrize("suffix", [".txt.gz", ".txt"])
+def test_text_models_of_older_versions_load(model_dir, tmp_path, suffix):
     import gzip
 
     d = tmp_path / "old"
     shutil.copytree(model_dir, d)
     manifest = json.loads((d / MANIFEST).read_text())
-    assert all(f.endswith(".txt.gz") for f in manifest["model_files"])
+    assert list(manifest["model_files"]) == [TREES_FILE]
+    (d / TREES_FILE).unlink()
+    new = OrderPredictor.load(model_dir)[0]
     files = {}
-    for f in manifest["model_files"]:
-        text = gzip.decompress((d / f).read_bytes())
-        (d / f).unlink()
-        (d / f.removesuffix(".gz")).write_bytes(text)
-        files[f.removesuffix(".gz")] = hashlib.sha256(text).hexdigest()
+    for i, m in enumerate(new.models_):  # as versions before the tree arrays wrote them
+        data = gzip.compress(m.text.encode()) if suffix.endswith(".gz") else m.text.encode()
+        (d / f"model_{i}{suffix}").write_bytes(data)
+        files[f"model_{i}{suffix}"] = hashlib.sha256(data).hexdigest()
     (d / MANIFEST).write_text(json.dumps(manifest | {"model_files": files}))
-    new, old = OrderPredictor.load(model_dir)[0], OrderPredictor.load(d)[0]
+    old = OrderPredictor.load(d)[0]
     assert [m.text for m in new.models_] == [m.text for m in old.models_]
+    X = np.random.default_rng(0).normal(size=(5, new.n_features_in_))
+    np.testing.assert_array_equal(new.scores(X), old.scores(X))
 
 
 def test_missing_model_dir(tmp_path):

@@ -35,9 +35,10 @@ only when it beats the safest order by more than the model's own held-out noise.
 best fixed order of the training data (lowest ``mean_regret_``) first, then the others by
 expected regret, so that keeping the fastest of them is never worse than that fixed order.
 
-Saved as LightGBM text models (gzip-compressed, ``model_<i>.txt.gz``; plain ``.txt``
-files of older models load too) plus a JSON manifest (``save`` / ``load``); loading never
-unpickles and checks the feature schema and that manifest and models agree. Predicting
+Saved as the LightGBM models' trees in arrays (``trees.npz``, `trees.save_trees`; the one
+LightGBM text per file of older models, ``model_<i>.txt.gz`` or ``.txt``, loads too) plus
+a JSON manifest (``save`` / ``load``); loading never unpickles and checks the feature
+schema and that manifest and models agree. Predicting
 runs the saved trees with `TreeEnsemble` (numpy), so a loaded predictor needs neither
 LightGBM nor scikit-learn nor pandas: `recommend-order` starts in well under a second.
 LightGBM is imported to fit and for SHAP explanations.
@@ -60,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from travorder.errors import FormatError, TravorderError, check_format
-from travorder.predictor.trees import TreeEnsemble, compact
+from travorder.predictor.trees import TreeEnsemble, compact, load_trees, save_trees
 from travorder.versions import library_versions
 
 if TYPE_CHECKING:
@@ -72,6 +73,7 @@ Features = Any
 
 KINDS = ("classifier", "regressor", "ranker")
 MANIFEST = "manifest.json"
+TREES_FILE = "trees.npz"  # every model's trees (`trees.save_trees`)
 FORMAT = "travorder.predictor"
 FORMAT_VERSION = 1
 #: The tie tolerances ``tie_tolerance=None`` chooses from; 0.02 when it cannot choose.
@@ -248,7 +250,8 @@ class OrderPredictor:
                 rows, relevance, group=np.full(Xa.shape[0], k)) for s in range(self.n_seeds)]
         # LightGBM releases the GIL while it fits: threads run the fits side by side.
         fitted = Parallel(n_jobs=self.n_jobs, prefer="threads")(fits)
-        self.models_ = [TreeEnsemble(compact(m.booster_.model_to_string())) for m in fitted]
+        self.models_ = [TreeEnsemble.from_text(compact(m.booster_.model_to_string()))
+                        for m in fitted]
         self.tie_tolerance_ = self.tie_tolerance if self.tie_tolerance is not None \
             else self.choose_tolerance(Xa, times, groups)
         return self
@@ -440,10 +443,8 @@ class OrderPredictor:
         self._check_fitted()
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        files = [f"model_{i}.txt.gz" for i in range(len(self.models_))]
-        for f, m in zip(files, self.models_, strict=True):  # mtime 0: same model, same bytes
-            (out / f).write_bytes(gzip.compress(m.text.encode(), compresslevel=9, mtime=0))
-        checksums = {f: _sha256(out / f) for f in files}
+        save_trees(self.models_, out / TREES_FILE)
+        checksums = {TREES_FILE: _sha256(out / TREES_FILE)}
         doc = {
             "format": FORMAT, "format_version": FORMAT_VERSION, "kind": self.kind,
             "params": self.get_params(), "classes": self.classes_.tolist(),
@@ -495,13 +496,16 @@ class OrderPredictor:
             except OSError as exc:
                 raise FormatError(f"{d / f}: cannot read model ({exc.strerror})") from None
             if hashlib.sha256(data).hexdigest() != checksum:
-                raise FormatError(f"{d / f}: broken LightGBM model (its checksum differs "
-                                  "from the manifest's: truncated or edited)")
+                raise FormatError(f"{d / f}: broken model (its checksum differs from the "
+                                  "manifest's: truncated or edited)")
             try:
-                text = (gzip.decompress(data) if f.endswith(".gz") else data).decode()
-                p.models_.append(TreeEnsemble(text))
+                if f.endswith(".npz"):
+                    p.models_.extend(load_trees(data))
+                else:  # older models: one LightGBM text per file
+                    text = (gzip.decompress(data) if f.endswith(".gz") else data).decode()
+                    p.models_.append(TreeEnsemble.from_text(text))
             except (FormatError, UnicodeDecodeError, OSError, EOFError, zlib.error) as exc:
-                raise FormatError(f"{d / f}: broken LightGBM model ({exc})") from None
+                raise FormatError(f"{d / f}: broken model ({exc})") from None
         net = doc.get("graph_net")
         if net is not None:
             from travorder.predictor.structure import GraphNet
