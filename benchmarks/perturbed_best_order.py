@@ -11,7 +11,11 @@ it prints the rows and
   (the label the predictor learns);
 - ``regret``: mean and median of the unperturbed best order's step time on the
   perturbed costs over the perturbed best's, minus 1 (what keeping the order found on
-  the estimates costs).
+  the estimates costs);
+- ``fixed``: the same mean regret for the best fixed order of the unperturbed
+  scenario (the lowest mean regret over all its rows in ``--base``), and ``kept/fixed``
+  the ratio of the two: how far below that fixed order a predictor that knew every
+  label of the estimates exactly would get on the perturbed costs.
 
     python benchmarks/perturbed_best_order.py [--perturbed bundled:greedy-perturbed]
                                               [--base bundled:greedy]
@@ -39,14 +43,27 @@ def compare(perturbed: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
     m = perturbed.reset_index(drop=True).assign(base_best=twins["best_order"].to_numpy(),
                                                 base_ties=twins["ties"].to_numpy())
     own = m.apply(lambda r: r[f"time_{r['base_best']}"], axis=1)
+    fixed = {s: _best_fixed(base[base["scenario"] == s])
+             for s in twins["scenario"].unique()}
     m = m.assign(differs=m["best_order"] != m["base_best"],
                  outside=[o not in t.split(",") for o, t in zip(m["best_order"],
                                                                 m["base_ties"], strict=True)],
-                 regret=own / m["best_time_us"] - 1)
-    return m.groupby(["scenario", "cluster"]).agg(
+                 regret=own / m["best_time_us"] - 1,
+                 fixed_order=twins["scenario"].map(fixed).to_numpy())
+    m["fixed"] = [r[f"time_{o}"] for o, (_, r) in zip(m["fixed_order"], m.iterrows(),
+                                                       strict=True)] / m["best_time_us"] - 1
+    table = m.groupby(["scenario", "cluster"]).agg(
         rows=("differs", "size"), differs=("differs", "mean"),
         outside_ties=("outside", "mean"), regret_mean=("regret", "mean"),
-        regret_median=("regret", "median")).reset_index()
+        regret_median=("regret", "median"), fixed_order=("fixed_order", "first"),
+        fixed=("fixed", "mean")).reset_index()
+    return table.assign(ratio=table["regret_mean"] / table["fixed"])
+
+
+def _best_fixed(rows: pd.DataFrame) -> str:
+    """The order with the lowest mean regret over ``rows``."""
+    times = rows[[c for c in rows.columns if c.startswith("time_")]]
+    return str((times.div(rows["best_time_us"], axis=0).mean()).idxmin()).removeprefix("time_")
 
 
 def main() -> None:
@@ -58,13 +75,18 @@ def main() -> None:
     table = compare(perturbed, _load(args.base))
     print(f"{len(perturbed)} perturbed rows, each with its twin")
     print(f"{'scenario':62} {'cluster':14} {'rows':>5} {'differs':>8} {'outside ties':>13} "
-          f"{'regret mean':>12} {'median':>7}")
+          f"{'regret mean':>12} {'median':>7} {'fixed':>22} {'kept/fixed':>10}")
     for r in table.itertuples(index=False):
         print(f"{r.scenario:62} {r.cluster:14} {r.rows:5d} {r.differs:8.1%} "
-              f"{r.outside_ties:13.1%} {r.regret_mean:12.2%} {r.regret_median:7.2%}")
+              f"{r.outside_ties:13.1%} {r.regret_mean:12.2%} {r.regret_median:7.2%} "
+              f"{r.fixed_order:>14} {r.fixed:7.2%} {r.ratio:10.2f}")
     total = np.average(table["differs"], weights=table["rows"])
     print(f"all: differs {total:.1%}, outside ties "
           f"{np.average(table['outside_ties'], weights=table['rows']):.1%}")
+    for s, t in table.groupby("scenario", sort=False):
+        kept, fixed = (np.average(t[c], weights=t["rows"]) for c in ("regret_mean", "fixed"))
+        print(f"{s}: kept {kept:.2%}, fixed {t['fixed_order'].iloc[0]} {fixed:.2%}, "
+              f"ratio {kept / fixed:.2f}")
 
 
 if __name__ == "__main__":
