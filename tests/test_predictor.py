@@ -621,6 +621,9 @@ def test_warns_when_the_graph_lies_outside_the_training_data(capsys, model_dir, 
     assert "outside the training data's range [1e+05, 2e+05]" in rec.warnings[0]
     code, out, _ = _run(capsys, onnx_model, "--predictor", str(d))
     assert code == 0 and "warning: graph feature n_nodes" in out and "confidence low" in out
+    assert "to be sure: --budget 2 checks the orders by placement" in out
+    code, out, _ = _run(capsys, onnx_model, "--predictor", str(d), "--budget", "2")
+    assert code == 0 and "to be sure" not in out  # checked: nothing to suggest
 
 
 def test_warns_when_the_model_learned_from_another_placer(onnx_model):

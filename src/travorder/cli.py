@@ -866,6 +866,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     else:
         print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
               f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")
+        if rec.confidence == "low":
+            print("  to be sure: --budget 2 checks the orders by placement and keeps the "
+                  "fastest")
     how = "measured regret" if checked and rec.runner_up in rec.verified \
         else "expected regret" + (", not checked" if checked else "")
     if rec.runner_up in rec.tied:
