@@ -28,6 +28,7 @@ import argparse
 import numpy as np
 import pandas as pd
 
+from travorder.predictor.train import fallback_order
 from travorder.study.export import bundled_dataset, load_dataset, unperturbed_twins
 
 
@@ -42,16 +43,14 @@ def compare(perturbed: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
     twins = unperturbed_twins(perturbed, base)
     m = perturbed.reset_index(drop=True).assign(base_best=twins["best_order"].to_numpy(),
                                                 base_ties=twins["ties"].to_numpy())
-    own = m.apply(lambda r: r[f"time_{r['base_best']}"], axis=1)
-    fixed = {s: _best_fixed(base[base["scenario"] == s])
+    times = [c for c in base.columns if c.startswith("time_")]
+    fixed = {s: fallback_order(base.loc[base["scenario"] == s, times]).removeprefix("time_")
              for s in twins["scenario"].unique()}
+    m = m.assign(fixed_order=twins["scenario"].map(fixed).to_numpy())
     m = m.assign(differs=m["best_order"] != m["base_best"],
                  outside=[o not in t.split(",") for o, t in zip(m["best_order"],
                                                                 m["base_ties"], strict=True)],
-                 regret=own / m["best_time_us"] - 1,
-                 fixed_order=twins["scenario"].map(fixed).to_numpy())
-    m["fixed"] = [r[f"time_{o}"] for o, (_, r) in zip(m["fixed_order"], m.iterrows(),
-                                                       strict=True)] / m["best_time_us"] - 1
+                 regret=_regret_of(m, "base_best"), fixed=_regret_of(m, "fixed_order"))
     table = m.groupby(["scenario", "cluster"]).agg(
         rows=("differs", "size"), differs=("differs", "mean"),
         outside_ties=("outside", "mean"), regret_mean=("regret", "mean"),
@@ -60,10 +59,10 @@ def compare(perturbed: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
     return table.assign(ratio=table["regret_mean"] / table["fixed"])
 
 
-def _best_fixed(rows: pd.DataFrame) -> str:
-    """The order with the lowest mean regret over ``rows``."""
-    times = rows[[c for c in rows.columns if c.startswith("time_")]]
-    return str((times.div(rows["best_time_us"], axis=0).mean()).idxmin()).removeprefix("time_")
+def _regret_of(rows: pd.DataFrame, order_column: str) -> pd.Series:
+    """Per row, the regret of the order its ``order_column`` names."""
+    own = rows.apply(lambda r: r[f"time_{r[order_column]}"], axis=1)
+    return own / rows["best_time_us"] - 1
 
 
 def main() -> None:

@@ -146,3 +146,15 @@ def test_broken_arrays_are_a_format_error(tmp_path, edit, message):
         data = path.read_bytes()
     with pytest.raises(FormatError, match=message):
         load_trees(data)
+
+
+def test_models_without_trees_keep_their_place_in_the_arrays(tmp_path):
+    booster, X = _fit("regression", 1, 0.0)
+    model = TreeEnsemble.from_text(compact(booster.model_to_string()))
+    empty = TreeEnsemble(model.header, {k: v[:0] for k, v in model.trees.items()},
+                         model.footer)
+    save_trees([empty, model, empty, model], tmp_path / "t.npz")
+    again = load_trees((tmp_path / "t.npz").read_bytes())
+    assert [m.num_trees for m in again] == [0, model.num_trees, 0, model.num_trees]
+    assert again[3].text == model.text
+    np.testing.assert_array_equal(again[1].raw_scores(X), model.raw_scores(X))

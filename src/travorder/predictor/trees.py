@@ -91,10 +91,8 @@ class TreeEnsemble:
         if np.any(n_leaves < 1):
             raise FormatError("broken LightGBM model (a tree without leaves)")
         n_split = n_leaves - 1
-        counts = {"num_leaves": n_leaves.size, "shrinkage": n_leaves.size,
-                  **dict.fromkeys(_PER_SPLIT, n_split.sum()),
-                  **dict.fromkeys(_PER_LEAF, n_leaves.sum())}
-        for key, count in counts.items():
+        for key in _ARRAYS:
+            count = int(_sizes(key, n_leaves).sum())
             if self.trees[key].shape != (count,):
                 raise FormatError(f"broken LightGBM model ({self.trees[key].size} values of "
                                   f"{key} for {count})")
@@ -144,11 +142,9 @@ class TreeEnsemble:
     def text(self) -> str:
         """The model as `compact` LightGBM text (what LightGBM loads, to explain)."""
         n_leaves = self.trees["num_leaves"].astype(np.int64)
-        cuts = {k: np.cumsum(n_leaves - (k in _PER_SPLIT))[:-1] for k in (*_PER_SPLIT,
-                                                                          *_PER_LEAF)}
-        lines = {k: [" ".join(_FORMATS[k] % x for x in part)
-                     for part in np.split(self.trees[k], cuts[k])]
-                 for k in cuts}
+        lines = {k: [" ".join(_FORMATS[k] % x for x in part) for part in
+                     np.split(self.trees[k], np.cumsum(_sizes(k, n_leaves))[:-1])]
+                 for k in _BLOCK_ORDER}
         blocks = [
             f"Tree={i}\nnum_leaves={n}\nnum_cat=0\n"
             + "".join(f"{k}={lines[k][i]}\n" for k in _BLOCK_ORDER)
@@ -216,16 +212,19 @@ def load_trees(data: bytes) -> list[TreeEnsemble]:
     if n_trees.sum() != n_leaves.size or np.any(n_trees < 0) \
             or not headers.shape == footers.shape == n_trees.shape:
         raise FormatError("broken tree arrays (models, headers and trees disagree)")
-    # Where each model's trees, splits and leaves start in the arrays.
-    tree_cut = np.cumsum(n_trees)[:-1]
-    per_tree = {"num_leaves": n_leaves, "shrinkage": n_leaves}
-    cuts = {k: tree_cut for k in per_tree}
-    for keys, sizes in ((_PER_SPLIT, n_leaves - 1), (_PER_LEAF, n_leaves)):
-        at = np.concatenate([[0], np.cumsum(sizes)])[np.concatenate([[0], np.cumsum(n_trees)])]
-        cuts.update(dict.fromkeys(keys, at[1:-1]))
-    parts = {k: np.split(arrays[k], cuts[k]) for k in _ARRAYS}
+    # Each array is cut where a model's trees end: at the values of the trees before.
+    ends = np.cumsum(n_trees)[:-1]
+    parts = {k: np.split(arrays[k], np.concatenate([[0], np.cumsum(_sizes(k, n_leaves))])[ends])
+             for k in _ARRAYS}
     return [TreeEnsemble(str(headers[i]), {k: parts[k][i] for k in _ARRAYS}, str(footers[i]))
             for i in range(n_trees.size)]
+
+
+def _sizes(key: str, n_leaves: np.ndarray) -> np.ndarray:
+    """How many values of array ``key`` each tree has, given its leaves."""
+    if key in _PER_SPLIT:
+        return n_leaves - 1
+    return n_leaves if key in _PER_LEAF else np.ones_like(n_leaves)
 
 
 def _values(fields: dict[str, list[str]], key: str, dtype: type) -> np.ndarray:
