@@ -14,6 +14,14 @@ rule that knows only that group), with its ratio to ``best-fixed``. A leave-fami
 predictor never sees the held-out family, so reaching a ratio that even ``per-family``
 misses means telling the rows of one family apart.
 
+The same groupings out of sample: each row takes the order best on its group's rows of
+the other graphs (a graph alone in its group: the order best on every other graph's
+rows), so what knowing the group is worth for a graph never seen; ``per-graph`` there
+takes the order best on the row's graph on the other clusters (a cluster never seen).
+Beside them, ``nearest-graphs``: the order best on the `NEAREST` graphs of other
+families nearest to the row's graph in the graph features (standardised), on the row's
+cluster: what a leave-family-out rule could learn from the graphs that look alike.
+
 A second table says where ``best-fixed``'s regret lies: the share of the rows where its
 order is more than `FAR` off the best, their share of its regret, and how many orders
 are best on them.
@@ -38,6 +46,10 @@ GROUPINGS = {
     "per-graph": ["graph_hash"],
     "per-family-cluster": ["family", "cluster"],
 }
+#: Out of sample: the grouping and the column whose value each row's choice leaves out.
+HELD_OUT = {n: (cols, "cluster" if n == "per-graph" else "graph_hash")
+            for n, cols in GROUPINGS.items()}
+NEAREST = 10
 FAR = 0.05
 
 
@@ -56,12 +68,63 @@ def fixed_per_group(regret: pd.DataFrame, keys: pd.DataFrame) -> float:
     return float(regret.to_numpy()[np.arange(len(regret)), pick].mean())
 
 
+def fixed_per_group_held_out(regret: pd.DataFrame, keys: pd.DataFrame,
+                             held: pd.Series) -> float:
+    """Like `fixed_per_group`, but each row's order is chosen on the rows of its group whose
+    ``held`` value differs from its own (none: on all such rows of every group).
+
+    >>> r = pd.DataFrame({"a": [0.0, 0.2, 0.0], "b": [0.1, 0.0, 0.3]})
+    >>> round(fixed_per_group_held_out(r, r[[]], pd.Series([1, 2, 3])), 4)  # a, a, b
+    0.1667
+    """
+    values = regret.to_numpy()
+    group = keys.groupby(list(keys.columns)).ngroup().to_numpy() if keys.shape[1] else \
+        np.zeros(len(keys), dtype=int)
+    graph = pd.factorize(held.to_numpy())[0]
+    both = pd.DataFrame({"group": group, "graph": graph}).groupby(["group", "graph"]) \
+        .ngroup().to_numpy()
+
+    def sums(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        total = np.zeros((labels.max() + 1, values.shape[1]))
+        np.add.at(total, labels, values)
+        return total[labels], np.bincount(labels)[labels][:, None]
+
+    (s_group, n_group), (s_both, n_both), (s_graph, n_graph) = \
+        sums(group), sums(both), sums(graph)
+    others = np.where(n_group > n_both, (s_group - s_both) / np.maximum(n_group - n_both, 1),
+                      (values.sum(axis=0) - s_graph) / np.maximum(len(values) - n_graph, 1))
+    return float(values[np.arange(len(values)), others.argmin(axis=1)].mean())
+
+
+def nearest_graphs(regret: pd.DataFrame, graph_features: pd.DataFrame, meta: pd.DataFrame,
+                   k: int = NEAREST) -> float:
+    """Mean regret of each row taking the order best on the ``k`` rows of other families
+    on its cluster whose graph features are nearest to its own (module docstring).
+
+    >>> r = pd.DataFrame({"a": [0.0, 0.0, 0.3], "b": [0.2, 0.1, 0.0]})
+    >>> m = pd.DataFrame({"family": ["x", "y", "z"], "cluster": ["c"] * 3})
+    >>> round(nearest_graphs(r, pd.DataFrame({"f": [0.0, 0.1, 5.0]}), m, k=1), 4)  # a, a, a
+    0.1
+    """
+    f = graph_features.to_numpy(dtype=float)
+    f = np.nan_to_num((f - np.nanmean(f, axis=0)) / (np.nanstd(f, axis=0) + 1e-12))
+    values = regret.to_numpy()
+    family, cluster = meta["family"].to_numpy(), meta["cluster"].to_numpy()
+    picked = []
+    for i in range(len(values)):
+        near = np.flatnonzero((family != family[i]) & (cluster == cluster[i]))
+        near = near[np.argsort(((f[near] - f[i]) ** 2).sum(axis=1), kind="stable")[:k]]
+        picked.append(values[i, values[near].mean(axis=0).argmin()] if near.size else np.nan)
+    return float(np.nanmean(picked))
+
+
 def ceilings(frame: pd.DataFrame) -> pd.DataFrame:
     """One row per scenario (and ``all``): each grouping's mean regret (module docstring)."""
     data = design_matrix(frame)
     times = data.times
     regret = times.div(times.min(axis=1), axis=0) - 1
     meta = data.frame
+    graph_columns = [c for c in data.X.columns if c.startswith("f_")]
     rows = []
     for scenario in [*sorted(meta["scenario"].unique()), "all"]:
         sel = (meta["scenario"] == scenario).to_numpy() if scenario != "all" else \
@@ -73,6 +136,12 @@ def ceilings(frame: pd.DataFrame) -> pd.DataFrame:
         far = (fixed > FAR).to_numpy()
         rows.append({"scenario": scenario, "rows": int(sel.sum()),
                      **{n: fixed_per_group(r, k) for n, k in keys.items()},
+                     **{f"{n} held out": fixed_per_group_held_out(
+                         r, keys[n], m[HELD_OUT[n][1]]) for n in GROUPINGS},
+                     "nearest-graphs held out": nearest_graphs(
+                         r, data.X[graph_columns][sel],
+                         m.assign(cluster=keys["per-cluster"].astype(str).agg("/".join,
+                                                                               axis=1))),
                      "far_rows": far.mean(), "far_regret": fixed[far].sum() / fixed.sum(),
                      "far_winners": r[far].idxmin(axis=1).nunique()})
     return pd.DataFrame(rows).set_index("scenario")
@@ -86,13 +155,18 @@ def main() -> None:
     frame = read_sources(args.data)
     frame = frame[frame["placer"] == args.placer].reset_index(drop=True)
     table = ceilings(frame)
-    names = list(GROUPINGS)
-    print("| scenario | rows | " + " | ".join(names) + " |")
-    print("| --- | --- |" + " --- |" * len(names))
-    for scenario, row in table.iterrows():
-        cells = [f"{100 * row[n]:.2f}%" + (f" ({row[n] / row['best-fixed']:.2f})"
-                                            if n != "best-fixed" else "") for n in names]
-        print(f"| {scenario} | {int(row['rows']):,} | " + " | ".join(cells) + " |")
+    for suffix, title, extra in [
+            ("", "in sample", []),
+            (" held out", "held out (other graphs; per-graph: other clusters)",
+             ["nearest-graphs"])]:
+        names = [n + suffix for n in [*GROUPINGS, *extra]]
+        print(f"\n{title}\n\n| scenario | rows | " + " | ".join([*GROUPINGS, *extra])
+              + " |")
+        print("| --- | --- |" + " --- |" * len(names))
+        for scenario, row in table.iterrows():
+            cells = [f"{100 * row[n]:.2f}%" + (f" ({row[n] / row[names[0]]:.2f})"
+                                                if n != names[0] else "") for n in names]
+            print(f"| {scenario} | {int(row['rows']):,} | " + " | ".join(cells) + " |")
     print(f"\n| scenario | rows where best-fixed is > {FAR:.0%} off | their share of its "
           "regret | orders best on them |\n| --- | --- | --- | --- |")
     for scenario, row in table.iterrows():

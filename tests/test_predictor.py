@@ -323,6 +323,8 @@ def _corrupt(model_dir: str, tmp_path, how: str) -> str:
     manifest = json.loads((d / MANIFEST).read_text())
     if how == "schema":
         manifest["feature_schema_version"] = FEATURE_SCHEMA_VERSION + 1
+    elif how == "future":
+        manifest["format_version"] = 3
     elif how == "truncated":
         f = d / next(iter(manifest["model_files"]))
         f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
@@ -337,7 +339,9 @@ def _corrupt(model_dir: str, tmp_path, how: str) -> str:
 
 
 @pytest.mark.parametrize(("how", "message"), [
-    ("schema", "feature schema"), ("truncated", "broken model (its checksum differs"),
+    ("schema", "feature schema"),
+    ("future", "format version 3 is not supported (this travorder reads version 1 or 2)"),
+    ("truncated", "broken model (its checksum differs"),
     ("not npz", "broken model (broken tree arrays"),
     ("mismatch", "manifest does not match its model")])
 def test_bad_model_files_exit_2_with_one_line(capsys, model_dir, onnx_model, tmp_path, how,
@@ -362,11 +366,20 @@ def test_text_models_of_older_versions_load(model_dir, tmp_path, suffix):
         data = gzip.compress(m.text.encode()) if suffix.endswith(".gz") else m.text.encode()
         (d / f"model_{i}{suffix}").write_bytes(data)
         files[f"model_{i}{suffix}"] = hashlib.sha256(data).hexdigest()
-    (d / MANIFEST).write_text(json.dumps(manifest | {"model_files": files}))
+    (d / MANIFEST).write_text(json.dumps(manifest | {"model_files": files,
+                                                     "format_version": 1}))
     old = OrderPredictor.load(d)[0]
     assert [m.text for m in new.models_] == [m.text for m in old.models_]
     X = np.random.default_rng(0).normal(size=(5, new.n_features_in_))
     np.testing.assert_array_equal(new.scores(X), old.scores(X))
+
+    # Saving over it leaves only the new model's files (and what was not the model's).
+    (d / "notes.txt").write_text("mine")
+    old.save(d)
+    assert sorted(p.name for p in d.iterdir()) == [MANIFEST, "notes.txt", TREES_FILE]
+    again, doc = OrderPredictor.load(d)
+    assert doc["format_version"] == 2
+    np.testing.assert_array_equal(again.scores(X), new.scores(X))
 
 
 def test_missing_model_dir(tmp_path):

@@ -45,12 +45,16 @@ def check_seed(seed: Any) -> int:
     return int(seed)
 
 
-def check_format(doc: Any, source: str, name: str, version: int, what: str) -> dict[str, Any]:
-    """``doc`` if it is a JSON object ``{"format": name, "format_version": version, ...}``;
-    else a `FormatError` saying that ``source`` is not a ``what`` or has another version."""
+def check_format(doc: Any, source: str, name: str, version: int | tuple[int, ...],
+                 what: str) -> dict[str, Any]:
+    """``doc`` if it is a JSON object ``{"format": name, "format_version": v, ...}`` with
+    ``v`` the ``version`` (or one of them); else a `FormatError` saying that ``source`` is
+    not a ``what`` or has another version."""
+    versions = (version,) if isinstance(version, int) else version
     if not isinstance(doc, dict) or doc.get("format") != name:
         raise FormatError(f"{source}: not a travorder {what}")
-    if doc.get("format_version") != version:
+    if doc.get("format_version") not in versions:
         raise FormatError(f"{source}: {what} format version {doc.get('format_version')!r} is "
-                          f"not supported (this travorder reads version {version})")
+                          f"not supported (this travorder reads version "
+                          f"{' or '.join(map(str, versions))})")
     return doc

@@ -75,7 +75,9 @@ KINDS = ("classifier", "regressor", "ranker")
 MANIFEST = "manifest.json"
 TREES_FILE = "trees.npz"  # every model's trees (`trees.save_trees`)
 FORMAT = "travorder.predictor"
-FORMAT_VERSION = 1
+#: 2: every model's trees in `TREES_FILE`; 1 (still read): one LightGBM text per model.
+FORMAT_VERSION = 2
+READS_VERSIONS = (1, 2)
 #: The tie tolerances ``tie_tolerance=None`` chooses from; 0.02 when it cannot choose.
 TOLERANCES = (0.0, 0.01, 0.02, 0.03, 0.05, 0.08, 0.12, 0.2, 0.3, 0.5)
 DEFAULT_TOLERANCE = 0.02
@@ -437,12 +439,14 @@ class OrderPredictor:
     def save(self, directory: str | os.PathLike[str], **manifest: Any) -> None:
         """Write the LightGBM text models and ``manifest.json`` (``manifest`` adds entries,
         e.g. the feature schema version, training-data hash, evaluation summary; the
-        versions of the libraries loaded, which the features and the fit depend on)."""
+        versions of the libraries loaded, which the features and the fit depend on).
+        The files of a model saved there before that this one does not use are removed."""
         import lightgbm as lgb
 
         self._check_fitted()
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
+        before = _model_files(out / MANIFEST)
         save_trees(self.models_, out / TREES_FILE)
         checksums = {TREES_FILE: _sha256(out / TREES_FILE)}
         doc = {
@@ -463,6 +467,8 @@ class OrderPredictor:
         tmp = out / (MANIFEST + ".tmp")
         tmp.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
         os.replace(tmp, out / MANIFEST)
+        for stale in before - _model_files(out / MANIFEST):
+            (out / stale).unlink(missing_ok=True)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> tuple[OrderPredictor, dict[str, Any]]:
@@ -474,7 +480,7 @@ class OrderPredictor:
             raise FormatError(f"{d}: no predictor here (no {MANIFEST})") from None
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
-        check_format(doc, str(d / MANIFEST), FORMAT, FORMAT_VERSION, "predictor manifest")
+        check_format(doc, str(d / MANIFEST), FORMAT, READS_VERSIONS, "predictor manifest")
         try:
             p = cls(**{**_UNSET_BEFORE, **doc["params"]})
             p.classes_ = np.array(doc["classes"])
@@ -539,6 +545,21 @@ class OrderPredictor:
                                     f"{objective!r}")
         if problems:
             raise FormatError(f"{d}: manifest does not match its model ({problems[0]})")
+
+
+def _model_files(manifest: Path) -> set[str]:
+    """The files in ``manifest``'s directory that the predictor it describes reads (none if
+    it is not a readable predictor manifest)."""
+    try:
+        doc = json.loads(manifest.read_text())
+        if doc["format"] != FORMAT:
+            return set()
+        names = {*doc["model_files"], *([doc["graph_net"]["file"]] if doc.get("graph_net")
+                                        else [])}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()
+    return {n for n in names if isinstance(n, str) and Path(n).name == n
+            and n not in (MANIFEST, "")}
 
 
 def _sha256(path: Path) -> str:
