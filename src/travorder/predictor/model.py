@@ -437,7 +437,7 @@ class OrderPredictor:
 
     # ------------------------------------------------------------------ files
     def save(self, directory: str | os.PathLike[str], **manifest: Any) -> None:
-        """Write the LightGBM text models and ``manifest.json`` (``manifest`` adds entries,
+        """Write the models' trees (`TREES_FILE`) and ``manifest.json`` (``manifest`` adds entries,
         e.g. the feature schema version, training-data hash, evaluation summary; the
         versions of the libraries loaded, which the features and the fit depend on).
         The files of a model saved there before that this one does not use are removed."""
