@@ -68,6 +68,13 @@ def fixed_per_group(regret: pd.DataFrame, keys: pd.DataFrame) -> float:
     return float(regret.to_numpy()[np.arange(len(regret)), pick].mean())
 
 
+def _group_ids(keys: pd.DataFrame) -> np.ndarray:
+    """Per row, a number for its group: its values of ``keys``' columns (none: one group)."""
+    if keys.shape[1] == 0:
+        return np.zeros(len(keys), dtype=np.int64)
+    return keys.groupby(list(keys.columns)).ngroup().to_numpy()
+
+
 def fixed_per_group_held_out(regret: pd.DataFrame, keys: pd.DataFrame,
                              held: pd.Series) -> float:
     """Like `fixed_per_group`, but each row's order is chosen on the rows of its group whose
@@ -78,38 +85,33 @@ def fixed_per_group_held_out(regret: pd.DataFrame, keys: pd.DataFrame,
     0.1667
     """
     values = regret.to_numpy()
-    group = keys.groupby(list(keys.columns)).ngroup().to_numpy() if keys.shape[1] else \
-        np.zeros(len(keys), dtype=int)
-    graph = pd.factorize(held.to_numpy())[0]
-    both = pd.DataFrame({"group": group, "graph": graph}).groupby(["group", "graph"]) \
-        .ngroup().to_numpy()
+    group, own = _group_ids(keys), _group_ids(held.to_frame())
+    both = _group_ids(pd.DataFrame({"group": group, "own": own}))
 
     def sums(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         total = np.zeros((labels.max() + 1, values.shape[1]))
         np.add.at(total, labels, values)
         return total[labels], np.bincount(labels)[labels][:, None]
 
-    (s_group, n_group), (s_both, n_both), (s_graph, n_graph) = \
-        sums(group), sums(both), sums(graph)
+    (s_group, n_group), (s_both, n_both), (s_own, n_own) = sums(group), sums(both), sums(own)
     others = np.where(n_group > n_both, (s_group - s_both) / np.maximum(n_group - n_both, 1),
-                      (values.sum(axis=0) - s_graph) / np.maximum(len(values) - n_graph, 1))
+                      (values.sum(axis=0) - s_own) / np.maximum(len(values) - n_own, 1))
     return float(values[np.arange(len(values)), others.argmin(axis=1)].mean())
 
 
-def nearest_graphs(regret: pd.DataFrame, graph_features: pd.DataFrame, meta: pd.DataFrame,
-                   k: int = NEAREST) -> float:
+def nearest_graphs(regret: pd.DataFrame, graph_features: pd.DataFrame, family: np.ndarray,
+                   cluster: np.ndarray, k: int = NEAREST) -> float:
     """Mean regret of each row taking the order best on the ``k`` rows of other families
-    on its cluster whose graph features are nearest to its own (module docstring).
+    on its ``cluster`` whose graph features are nearest to its own (module docstring).
 
     >>> r = pd.DataFrame({"a": [0.0, 0.0, 0.3], "b": [0.2, 0.1, 0.0]})
-    >>> m = pd.DataFrame({"family": ["x", "y", "z"], "cluster": ["c"] * 3})
-    >>> round(nearest_graphs(r, pd.DataFrame({"f": [0.0, 0.1, 5.0]}), m, k=1), 4)  # a, a, a
+    >>> f = pd.DataFrame({"f": [0.0, 0.1, 5.0]})
+    >>> round(nearest_graphs(r, f, np.array(["x", "y", "z"]), np.zeros(3), k=1), 4)  # a, a, a
     0.1
     """
     f = graph_features.to_numpy(dtype=float)
     f = np.nan_to_num((f - np.nanmean(f, axis=0)) / (np.nanstd(f, axis=0) + 1e-12))
     values = regret.to_numpy()
-    family, cluster = meta["family"].to_numpy(), meta["cluster"].to_numpy()
     picked = []
     for i in range(len(values)):
         near = np.flatnonzero((family != family[i]) & (cluster == cluster[i]))
@@ -139,9 +141,8 @@ def ceilings(frame: pd.DataFrame) -> pd.DataFrame:
                      **{f"{n} held out": fixed_per_group_held_out(
                          r, keys[n], m[HELD_OUT[n][1]]) for n in GROUPINGS},
                      "nearest-graphs held out": nearest_graphs(
-                         r, data.X[graph_columns][sel],
-                         m.assign(cluster=keys["per-cluster"].astype(str).agg("/".join,
-                                                                               axis=1))),
+                         r, data.X[graph_columns][sel], m["family"].to_numpy(),
+                         _group_ids(keys["per-cluster"])),
                      "far_rows": far.mean(), "far_regret": fixed[far].sum() / fixed.sum(),
                      "far_winners": r[far].idxmin(axis=1).nunique()})
     return pd.DataFrame(rows).set_index("scenario")

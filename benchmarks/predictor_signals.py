@@ -28,6 +28,7 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -131,11 +132,11 @@ def per_row(data: TrainingData, fn: Callable[..., dict[int, dict[str, float]]],
 
 
 def held_out_picks(data: TrainingData, folds: int, X: pd.DataFrame | None = None,
-                   times: pd.DataFrame | None = None, more: TrainingData | None = None
-                   ) -> np.ndarray:
-    """The default regressor's pick per row, each fold's rows held out: fitted on
-    ``X`` / ``times`` (default ``data``'s) of the other folds, and on ``more``'s rows of
-    the families of the other folds."""
+                   times: pd.DataFrame | None = None, more: TrainingData | None = None,
+                   **params: Any) -> np.ndarray:
+    """The default regressor's pick per row (``params``: other parameters for it), each
+    fold's rows held out: fitted on ``X`` / ``times`` (default ``data``'s) of the other
+    folds, and on ``more``'s rows of the families of the other folds."""
     X = data.X if X is None else X
     times = data.times if times is None else times
     every = data.family if more is None else np.concatenate([data.family, more.family])
@@ -149,7 +150,7 @@ def held_out_picks(data: TrainingData, folds: int, X: pd.DataFrame | None = None
             Xf = pd.concat([Xf, more.X.loc[extra, X.columns]], ignore_index=True)
             Tf = pd.concat([Tf, more.times[extra]], ignore_index=True)
             groups = np.concatenate([groups, more.family[extra]])
-        model = OrderPredictor("regressor").fit(Xf, Tf, groups)
+        model = OrderPredictor("regressor", **params).fit(Xf, Tf, groups)
         pick[~train] = model.ranking(X[~train])[:, 0]
     return pick
 

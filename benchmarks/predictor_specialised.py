@@ -1,16 +1,18 @@
 """Does a regressor fitted on one scenario's rows (or one scenario's and cluster's) pick
 better there than one fitted on every row?
 
-On a study dataset's scenarios without pipelining, in the family folds of ``travorder
-evaluate --folds K``, the regressor on the graph, cluster and scenario features (no
-structure block, ``--seeds`` seeds per order) fitted
+On a study dataset, in the family folds of ``travorder evaluate --folds K``, the
+regressor on the graph, cluster and scenario features (no structure block, ``--seeds``
+seeds per order) fitted
 
-- ``all``: on every training row (every scenario), as `travorder train` fits;
-- ``scenario``: on the training rows of the scenario it is scored on;
-- ``cluster``: on the training rows of that scenario and of the row's cluster;
+- ``every row``: on every training row (every scenario), as `travorder train` fits;
+- ``per scenario``: on the training rows of the row's scenario;
+- ``per scenario and cluster``: on the training rows of the row's scenario and cluster;
 
-each scored on the held-out families' rows of the scenario, as a ratio of its mean regret
-to the best fixed order's (chosen on the same training rows of the scenario).
+each scored on the held-out families' rows, as a ratio of its mean regret to
+``critical_path``'s per scenario (`predictor_signals.report`; ``critical_path`` is the
+best fixed order of every fold of the bundled data). Every scenario and cluster of the
+bundled data holds every family, so the folds are the same for the three.
 
     python benchmarks/predictor_specialised.py [--data bundled:greedy] [--seeds 2]
 """
@@ -21,13 +23,16 @@ import argparse
 
 import numpy as np
 
-from travorder.predictor.dataset import design_matrix
-from travorder.predictor.evaluate import family_folds
-from travorder.predictor.model import OrderPredictor, regrets
+from predictor_signals import held_out_picks, report  # beside this
+from travorder.predictor.dataset import TrainingData, design_matrix
 from travorder.study.export import read_sources
 
-SCENARIOS = ("batch=export", "batch=train", "batch=train,mem=0.6")
-VARIANTS = ("all", "scenario", "cluster", "best-fixed")
+
+def subset(data: TrainingData, rows: np.ndarray) -> TrainingData:
+    """The rows of ``data`` where ``rows`` (a boolean mask) is true."""
+    return TrainingData(data.X[rows], data.times[rows],
+                        [data.ties[i] for i in np.flatnonzero(rows)], data.family[rows],
+                        data.frame[rows])
 
 
 def main() -> None:
@@ -39,37 +44,21 @@ def main() -> None:
     args = ap.parse_args()
     frame = read_sources(args.data)
     data = design_matrix(frame[frame["placer"] == args.placer].reset_index(drop=True))
-    X, times, family = data.X, data.times, data.family
-    regret = regrets(times.to_numpy())
     scenario = data.frame["scenario"].to_numpy()
     cluster = data.frame["cluster"].to_numpy()
-    fold = family_folds(family, args.folds)
-    picked = {v: np.full(len(X), np.nan) for v in VARIANTS}
-
-    def score(variant: str, train: np.ndarray, test: np.ndarray) -> None:
-        model = OrderPredictor("regressor", n_seeds=args.seeds)
-        model.fit(X[train], times[train], groups=family[train])
-        column = times.columns.get_indexer(model.predict(X[test]))
-        picked[variant][test] = regret[np.flatnonzero(test), column]
-
-    for f in range(fold.max() + 1):
-        train, held = fold != f, fold == f
-        score("all", train, held & np.isin(scenario, SCENARIOS))
-        for s in SCENARIOS:
-            test = held & (scenario == s)
-            score("scenario", train & (scenario == s), test)
-            fixed = regret[train & (scenario == s)].mean(axis=0).argmin()
-            picked["best-fixed"][test] = regret[test, fixed]
-            for c in np.unique(cluster[test]):
-                score("cluster", train & (scenario == s) & (cluster == c), test & (cluster == c))
-        print(f"fold {f + 1}/{fold.max() + 1}", flush=True)
-    print("\n| scenario | best fixed order | " + " | ".join(VARIANTS[:-1]) + " |\n"
-          "| --- | --- |" + " --- |" * (len(VARIANTS) - 1))
-    for s in SCENARIOS:
-        sel = scenario == s
-        fixed = picked["best-fixed"][sel].mean()
-        print(f"| {s} | {100 * fixed:.2f}% | " + " | ".join(
-            f"{picked[v][sel].mean() / fixed:.2f}" for v in VARIANTS[:-1]) + " |")
+    picks = {"every row": held_out_picks(data, args.folds, n_seeds=args.seeds),
+             "per scenario": np.zeros(len(scenario), dtype=np.int64),
+             "per scenario and cluster": np.zeros(len(scenario), dtype=np.int64)}
+    for s in np.unique(scenario):
+        rows = scenario == s
+        picks["per scenario"][rows] = held_out_picks(subset(data, rows), args.folds,
+                                                     n_seeds=args.seeds)
+        for c in np.unique(cluster[rows]):
+            both = rows & (cluster == c)
+            picks["per scenario and cluster"][both] = held_out_picks(
+                subset(data, both), args.folds, n_seeds=args.seeds)
+        print(f"{s}: done", flush=True)
+    report(data, picks)
 
 
 if __name__ == "__main__":
