@@ -202,6 +202,7 @@ def test_place_takes_placer_options_and_coarsening(capsys, model, tmp_path):
     (["-O", "preset=huge"], "unknown rl preset"),
     (["-O", "network=jax"], "network must be one of numpy, torch"),
     (["--coarsen", "0"], "--coarsen"),
+    (["--placer", "greedy", "-O", "colocate=maybe"], "colocate must be true or false"),
 ])
 def test_bad_placer_options_get_one_line_and_exit_2(capsys, model, tmp_path, args, message):
     out_path = tmp_path / "p.json"
@@ -300,8 +301,54 @@ def test_negative_seed_gets_one_line(capsys, model):
     _one_line_error(capsys, ["orders", model, "--seed", "-1"], "non-negative")
     _one_line_error(capsys, ["place", model, "--placer", "random", "--seed", "-1"],
                     "non-negative")
-    code, _out, err = _recommend(capsys, model, "--verify", "2", "--seed", "-1")
-    assert code == 2 and "non-negative" in err and err.count("\n") == 1
+    for check in (["--verify", "2"], []):  # checked or not, the seed is refused
+        code, _out, err = _recommend(capsys, model, *check, "--seed", "-1")
+        assert code == 2 and "non-negative" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["--budget", "abc"], ["--batch", "2.5"],
+                                  ["--verify", "2", "--budget", "1"], ["--explain", "--top", "0"]])
+def test_bad_recommend_arguments_get_one_line(capsys, model, argv):
+    try:
+        code, out, err = _recommend(capsys, model, *argv)
+    except SystemExit as exc:  # argparse's own checks exit from the parser
+        (out, err), code = capsys.readouterr(), exc.code
+    assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ")
+
+
+def test_unknown_command_and_placer_get_one_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["nosuch"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "invalid choice" in err
+    _one_line_error(capsys, ["model", "show", "--placer", "nope"], "unknown placer")
+    _one_line_error(capsys, ["model", "reset", "--placer", "nope"], "unknown placer")
+
+
+def test_output_that_cannot_be_written_is_refused_before_any_work(capsys, model, tmp_path,
+                                                                  monkeypatch):
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)  # a folder we may not write to
+    out_path = tmp_path / "p.json"
+    _one_line_error(capsys, ["place", model, "-o", str(out_path)], "Permission denied")
+    code, _out, err = _recommend(capsys, model, "--place", str(out_path))
+    assert code == 2 and err.count("\n") == 1 and "cannot write" in err
+    assert not out_path.exists()
+
+
+def test_a_file_system_error_gets_one_line(capsys, model, tmp_path, monkeypatch):
+    import travorder.graph.native as native
+
+    def fail(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(native.gzip, "compress", fail)  # a full disk, say
+    _one_line_error(capsys, ["convert", model, str(tmp_path / "g.json.gz")],
+                    "No space left on device")
 
 
 def test_recommend_with_an_unknown_placer_gets_one_line(capsys, model):

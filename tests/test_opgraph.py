@@ -80,6 +80,13 @@ def test_edge_indices_out_of_range():
         OpGraph(["a", "b"], [0], [2])
 
 
+@pytest.mark.parametrize(("src", "dst"), [([0], [1.5]), ([True], [1]), ([0.5], [1])])
+def test_edge_indices_that_are_not_integers(src, dst):
+    with pytest.raises(GraphError, match="must be node indices \\(integers\\)"):
+        OpGraph(["a", "b"], src, dst)  # 1.5 is no node, not node 1
+    assert OpGraph(["a", "b"], [0.0], [1.0]).n_edges == 1  # a whole number is one
+
+
 def test_permute_relabels_edges():
     g = diamond()
     p = g.permute([3, 2, 1, 0])

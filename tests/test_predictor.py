@@ -104,11 +104,52 @@ def test_verified_shortlists(frame):
     assert t.loc["classifier+verify2", "worst_family_excess"] <= 0
     p = OrderPredictor("classifier", n_estimators=30, min_child_samples=2).fit(data.X,
                                                                               data.times)
-    short = p.shortlist(data.X, 2)
-    assert (short[:, 0] == p.mean_regret_.argmin()).all()
-    assert np.isin(p.predict(data.X), p.classes_[short]).all()
+    short = p.shortlist(data.X, 3)
+    assert (p.classes_[short[:, 0]] == p.predict(data.X)).all()  # the pick first,
+    assert (short[:, :2] == p.mean_regret_.argmin()).any(axis=1).all()  # then the safest
+    assert (np.sort(short, axis=1) == np.arange(3)).all()  # each order once
     with pytest.raises(TravorderError, match="1 to 3 orders"):
         evaluate(data, kinds=(), verify=(4,))
+
+
+@pytest.mark.parametrize("kind", ["classifier", "ranker"])
+def test_exactly_tied_orders_all_win(frame, kind):
+    # bfs repeats topo's step times exactly (as identical sequences do) on every row: the
+    # two must come out alike, whichever column comes first.
+    data = design_matrix(frame.assign(time_bfs=frame["time_topo"]))
+    params = {"n_estimators": 20, "min_child_samples": 2, "n_seeds": 1}
+    p = OrderPredictor(kind, **params).fit(data.X, data.times)
+    topo, bfs = (list(p.classes_).index(o) for o in ("topo", "bfs"))
+    np.testing.assert_allclose(p.regret_table_[topo], p.regret_table_[bfs])
+    # Bagging and column sampling draw the two a little apart, no more (with the first
+    # column taking the ties, 1.0 and 0.57 apart at most).
+    proba = p.predict_proba(data.X)
+    assert proba[:, topo].mean() == pytest.approx(proba[:, bfs].mean(), abs=0.1)
+    assert np.abs(proba[:, topo] - proba[:, bfs]).max() < 0.25
+
+
+def test_explain_explains_the_recommended_order():
+    # A is the safer order in training; on x < 50 B is 1.5% faster, within the 2% tie
+    # tolerance, so A is recommended although B scores higher.
+    rng = np.random.default_rng(0)
+    X = pd.DataFrame({"x": rng.uniform(0, 100, 80), "y": rng.uniform(0, 1, 80)})
+    low = X["x"].to_numpy() < 50
+    T = pd.DataFrame({"A": np.where(low, 101.5, 100.0), "B": np.where(low, 100.0, 130.0)})
+    p = OrderPredictor("regressor", n_estimators=30, min_child_samples=3, n_seeds=1).fit(X, T)
+    row = pd.DataFrame({"x": [10.0], "y": [0.5]})
+    assert p.predict(row).tolist() == ["A"] and p.scores(row).argmax() == 1
+    np.testing.assert_allclose(p.explain(row), p.explain(row, orders=[0]))
+    assert not np.allclose(p.explain(row), p.explain(row, orders=[1]))
+    with pytest.raises(TravorderError, match="one order index"):
+        p.explain(row, orders=[2])
+
+
+def test_a_row_without_a_family_is_a_family_of_its_own(frame):
+    named = frame.assign(graph=[f"g{i}" for i in range(len(frame))])
+    named.loc[:1, "family"] = None  # as an older study's file without a family
+    data = design_matrix(named)
+    assert data.family[:2].tolist() == ["g0", "g1"]
+    assert data.family[2:].tolist() == frame["family"][2:].tolist()
 
 
 def test_ties_count_as_hits(frame):
@@ -270,13 +311,20 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     assert list(rec.verified.values()) == pytest.approx(sorted(want.values()))  # fastest first
     assert rec.runner_up_regret == pytest.approx(want[rec.runner_up] / want[rec.order] - 1)
     assert place(onnx_model, "k80x3", predictor=model_dir, verify=3).order == rec.order
-    anchor = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
-    p, _ = OrderPredictor.load(model_dir)  # checks the best fixed order of the training data
-    assert list(anchor.verified) == [p.classes_[p.mean_regret_.argmin()]]
+    one = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
+    plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
+    assert list(one.verified) == [one.order] == [plain.order]  # checks the pick
+    assert one.confidence == plain.confidence  # one order checked compares nothing
+    code, out, _ = _run(capsys, "examples/resnet_small.onnx", "--verify", "1")
+    assert code == 0 and "confidence low: one order checked" in out  # a warned-of graph
+    two = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=2)
+    p, _ = OrderPredictor.load(model_dir)  # then the best fixed order of the training data
+    anchor = p.classes_[p.mean_regret_.argmin()]
+    assert len(two.verified) == 2 and {plain.order, anchor} <= set(two.verified)
     with pytest.raises(TravorderError, match="a shortlist holds 1 to 3 orders, got 4"):
         recommend_order(onnx_model, predictor=model_dir, verify=4)
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
-    assert code == 0 and "orders checked by placement with greedy" in out
+    assert code == 0 and "fastest of 2 of 3 orders checked (the model knows 3 of " in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "-1")
     assert code == 2 and err.count("\n") == 1 and "a shortlist holds 1 to 3" in err
 
@@ -455,7 +503,7 @@ def test_a_seed_ensemble_averages_its_fits(frame, kind):
 
         X = data.X.to_numpy()[:3]
         scores = three.scores(X)
-        for i, j in enumerate(scores.argmax(axis=1)):
+        for i, j in enumerate(three.ranking(X)[:, 0]):
             bias = np.mean([lgb.Booster(model_str=m.text).predict(
                 X[i:i + 1], pred_contrib=True)[0, -1] for m in three._seeds(j)])
             assert three.explain(X[i:i + 1]).sum() == pytest.approx(
@@ -575,23 +623,33 @@ def test_every_order_tied_names_the_safest_and_no_runner_up(capsys, model_dir, o
 
 def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_model):
     from travorder.graph.onnx_import import read_onnx
+    from travorder.placement.orders import ORDERS as ALL_ORDERS
     from travorder.placement.placers import place_graph
 
     full = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=60)
-    assert full.exact and sorted(full.verified) == sorted(ORDERS)
+    assert sorted(full.verified) == sorted(ORDERS)  # every order the model knows,
+    assert not full.exact  # which are not all of travorder's
+    bundled = recommend_order(onnx_model, "k80x3", budget=60)  # knows them all
+    assert bundled.exact and sorted(bundled.verified) == sorted(ALL_ORDERS)
     study_graph = training_graph(read_onnx(onnx_model))
     want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
     assert full.verified == pytest.approx(want) and want[full.order] == min(want.values())
     assert full.confidence == "high" and full.check_s > 0
     one = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
-    p, _ = OrderPredictor.load(model_dir)
-    assert list(one.verified) == [p.classes_[p.mean_regret_.argmin()]] and not one.exact
-    with pytest.raises(TravorderError, match="time budget must be"):
-        recommend_order(onnx_model, predictor=model_dir, budget=-1)
+    plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
+    assert list(one.verified) == [plain.order] and not one.exact
+    for bad in (-1, "2", True):
+        with pytest.raises(TravorderError, match="time budget must be"):
+            recommend_order(onnx_model, predictor=model_dir, budget=bad)
+    with pytest.raises(TravorderError, match="shortlist size must be an integer"):
+        recommend_order(onnx_model, predictor=model_dir, verify="2")
 
 
 def test_budget_on_the_command_line(capsys, model_dir, onnx_model):
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "60")
+    assert code == 0 and "fastest of 3 of 3 orders checked (the model knows 3 of " \
+        "travorder's 11 orders) by placement with greedy" in out
+    code, out, _ = _run(capsys, onnx_model, "--budget", "60")
     assert code == 0 and "exact: every order was checked by placement with greedy" in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "-2")
     assert code == 2 and err.count("\n") == 1 and "time budget" in err

@@ -13,11 +13,12 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass, field, fields, replace
+from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, check_seed
 from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.placement.clusters import Cluster, load_cluster
@@ -47,14 +48,16 @@ class Recommendation:
     the predictor's probability that ``order`` is the best; ``runner_up_regret``: the
     regret of the next order outside the tied set (measured when both were checked; when
     every order is tied, of the second tied order);
-    ``confidence``: ``"high"`` or ``"low"`` (an unchecked recommendation whose
-    probability is under one half or whose graph or cluster lies outside the training
-    data); ``warnings``: the features outside the training data's range;
+    ``confidence``: ``"high"`` or ``"low"`` (a recommendation checked against no other
+    order whose probability is under one half or whose graph or cluster lies outside the
+    training data); ``warnings``: the features outside the training data's range;
     ``contributions``: with ``explain=True``, each feature's contribution to the
-    predictor's top-ranked order, largest first;
+    predictor's score of ``order``, largest first;
     ``verified``: the simulated step time (us) of each order checked by placement
-    (``verify=k`` or ``budget=``), fastest first; ``exact``: every order was checked, so
-    ``order`` is the best of all for this placer and seed; ``check_s``: time spent checking.
+    (``verify=k`` or ``budget=``), the placements that fit in memory fastest first, then
+    the others; ``exact``: every traversal order travorder has was checked (the model
+    knows them all, and all fitted in the budget), so ``order`` is the best of all for
+    this placer and seed; ``check_s``: time spent checking.
     ``placement``: the checked placement of ``order`` (of the training-step graph that
     `place` and ``--place`` write), not part of `to_dict`.
     """
@@ -122,13 +125,15 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     the model as scaled and pipelined so, on ``cluster``.
 
     Checking by placement: ``budget=SECONDS`` places the model's training-step graph with
-    ``placer`` under the predictor's orders from the best ranked down (the best fixed
-    order of its training data first), as many as fit in the time budget (at least one),
-    simulates each and recommends the fastest; when every order fits the answer is
-    ``exact``. ``verify=k`` checks the predictor's shortlist of ``k`` orders instead. The
-    graph checked is the one `place` and ``recommend-order --place`` write a placement for
-    (the training-step graph, never coarsened), so the step time reported for the
-    recommended order is that of the placement they write.
+    ``placer`` under the predictor's orders (`OrderPredictor.shortlist`: its pick, then
+    the best fixed order of its training data, then the others from the best ranked
+    down), as many as fit in the time budget (at least one), simulates each and
+    recommends the fastest; when every order fits the answer is ``exact``. ``verify=k``
+    checks the first ``k`` of those instead. The graph checked is the one `place` and
+    ``recommend-order --place`` write a placement for (the training-step graph, never
+    coarsened), so the step time reported for the recommended order is that of the
+    placement they write, unless one device is faster still: they then write the
+    single-device placement and say so (``fallback``).
     """
     g = as_graph(model, example_inputs)
     return _recommend(g, True, load_cluster(cluster), predictor=predictor,
@@ -164,8 +169,13 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                micro_batches: int = 1) -> Recommendation:
     """`recommend_order` for graph ``g``, whose placements are of its training step (or of
     ``g`` itself, if not ``training``) at ``batch`` over ``micro_batches``."""
-    if budget is not None and not budget >= 0:
-        raise TravorderError(f"the time budget must be a number of seconds >= 0, not {budget}")
+    check_seed(seed)
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, Real)
+                               or not budget >= 0):
+        raise TravorderError(f"the time budget must be a number of seconds >= 0, not "
+                             f"{budget!r}")
+    if isinstance(verify, bool) or not isinstance(verify, Integral):
+        raise TravorderError(f"the shortlist size must be an integer, not {verify!r}")
     if budget is not None and verify:
         raise TravorderError("give a time budget or a shortlist size, not both")
     est, manifest, description = load_predictor(predictor, placer)
@@ -190,8 +200,10 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     names = est.classes_.tolist()
     ranked = est.rank(scores)
     verified = placement = check_s = None
+    exact = False
     if verify or budget is not None:
-        # The best fixed order first: checking never does worse than always using it.
+        from travorder.placement.orders import ORDERS  # networkx: off the common path
+
         candidates = est.shortlist(row, verify or len(names))[0]
         t0 = time.perf_counter()
         results = _check(placed, c, names, candidates, placer, seed, budget)
@@ -205,6 +217,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         tied = [j for j in checked if results[j].feasible == placement.feasible
                 and results[j].step_time_us <= fastest * (1 + TIE_REL_TOL)]
         margin = results[tied[-1]].step_time_us / fastest - 1.0
+        exact = set(ORDERS) <= set(verified)  # a model may know only some orders
     else:
         tied = [j for j in ranked if regret[j] <= regret.min() + est.tie_tolerance_]
         margin = float(regret[tied].max() - regret[tied].min())
@@ -213,10 +226,11 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     runner_up_regret = float(regret[second])
     if verified is not None and names[second] in verified:
         runner_up_regret = verified[names[second]] / verified[names[best]] - 1.0
-    low = verified is None and (bool(warnings) or proba[best] < 0.5)
+    # One order checked compares nothing: the predictor's confidence stands.
+    low = (verified is None or len(verified) < 2) and (bool(warnings) or proba[best] < 0.5)
     contributions = None
     if explain:
-        contrib = est.explain(row)[0]
+        contrib = est.explain(row, orders=[best])[0]
         top = np.argsort(-np.abs(contrib), kind="stable")
         contributions = {str(est.feature_names_in_[i]): float(contrib[i]) for i in top}
     return Recommendation(
@@ -228,7 +242,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         tied=[names[j] for j in tied], tie_margin=margin,
         confidence="low" if low else "high", warnings=warnings,
         contributions=contributions, verified=verified,
-        exact=verified is not None and len(verified) == len(names), check_s=check_s,
+        exact=exact, check_s=check_s,
         placement=placement)
 
 

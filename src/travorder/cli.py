@@ -13,7 +13,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from travorder.errors import TravorderError
 
@@ -39,11 +39,18 @@ def _check_out(path: str | None) -> None:
     path should not create folders) or that names a folder."""
     if path is None:
         return
+    import tempfile
+
     out = Path(path)
     if not out.parent.is_dir():
         raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
     if out.is_dir():
         raise TravorderError(f"{path!r} is a directory, not a file")
+    try:  # what writing will need: a new file beside it
+        with tempfile.TemporaryFile(dir=out.parent):
+            pass
+    except OSError as exc:
+        raise TravorderError(f"cannot write {path!r}: {exc.strerror or exc}") from None
 
 
 def _write_json(path: str, doc: Any) -> None:
@@ -547,9 +554,16 @@ def _blocks(text: str) -> list[str]:
     return blocks
 
 
+def _check_placer(name: str) -> None:
+    from travorder.placement.placers import get_placer
+
+    get_placer(name)  # an unknown name is an error, not the fallback model
+
+
 def cmd_model_reset(args: argparse.Namespace) -> None:
     from travorder.predictor.active import active_model_dir, reset_default
 
+    _check_placer(args.placer)
     removed = reset_default(args.placer)
     directory, why = active_model_dir(placer=args.placer)
     print(f"removed the user default model {removed}" if removed is not None
@@ -560,6 +574,7 @@ def cmd_model_reset(args: argparse.Namespace) -> None:
 def cmd_model_show(args: argparse.Namespace) -> None:
     from travorder.predictor.active import load_predictor
 
+    _check_placer(args.placer)
     _, manifest, where = load_predictor(args.predictor, args.placer)
     if args.json:
         _print_json({"model": where, "manifest": manifest})
@@ -574,8 +589,9 @@ def cmd_model_show(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- parser
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose ``lazy_epilog`` (a function) is called only when the help
-    is printed: the registries it lists import the placers, too slow for every start."""
+    """An argument parser whose errors are one line (exit code 2) and whose
+    ``lazy_epilog`` (a function) is called only when the help is printed: the registries
+    it lists import the placers, too slow for every start."""
 
     lazy_epilog: Callable[[], str] | None = None
 
@@ -583,6 +599,9 @@ class _Parser(argparse.ArgumentParser):
         if self.lazy_epilog is not None:
             self.epilog = self.lazy_epilog()
         return super().format_help()
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message} (see {self.prog} --help)\n")
 
 
 def _place_epilog() -> str:
@@ -806,6 +825,9 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
         import os
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except OSError as exc:  # a file or folder that cannot be read or written
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     return code or 0
 
 
@@ -820,6 +842,8 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from travorder.placement.clusters import load_cluster
 
     _check_out(args.place)
+    if args.top < 1:
+        raise TravorderError(f"--top takes a number of features >= 1, got {args.top}")
     g = _load(args.model)
     cluster = load_cluster(args.cluster)
     rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain,
@@ -858,11 +882,19 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     else:
         print(f"recommended order: {rec.order}")
     if checked:
+        from travorder.placement.orders import ORDERS
+
+        known = len(rec.expected_regret)
         how = "exact: every order was checked" if rec.exact else \
-            f"fastest of {len(rec.verified)} of {len(rec.expected_regret)} orders checked"
+            f"fastest of {len(rec.verified)} of {known} orders checked" + (
+                "" if known == len(ORDERS) else f" (the model knows {known} of travorder's "
+                f"{len(ORDERS)} orders)")
         print(f"  {how} by placement with {args.placer} in {rec.check_s:.2f} s")
         print("  checked: " + ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in
                                         rec.verified.items()))
+        if rec.confidence == "low":
+            print(f"  confidence low: one order checked (probability of being the best "
+                  f"{rec.probability:.2f}); --budget 2 compares the orders by placement")
     else:
         print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
               f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")
@@ -893,7 +925,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
 
 
 def recommend_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="recommend-order",
         description="Recommend the traversal order a sequential device placer should use "
                     "for MODEL on a cluster.",
@@ -915,13 +947,15 @@ def recommend_parser() -> argparse.ArgumentParser:
                              "(with --budget or --verify: the checked placement)")
     check = parser.add_mutually_exclusive_group()
     check.add_argument("--budget", type=float, metavar="SECONDS",
-                       help="check the predictor's best-ranked orders by placement (the "
-                            "best fixed order first) for up to SECONDS and recommend the "
-                            "fastest; exact when every order fits")
+                       help="check the predictor's best-ranked orders by placement (its "
+                            "pick, then the best fixed order, then the others) for up to "
+                            "SECONDS and recommend the fastest; exact when every order "
+                            "fits")
     check.add_argument("--verify", type=int, default=0, metavar="K",
                        help="place the model in the simulator with a shortlist of K "
-                            "orders (the best fixed order, then the highest-ranked) and "
-                            "recommend the fastest (default 0: no check)")
+                            "orders (the predictor's pick, the best fixed order, then the "
+                            "highest-ranked) and recommend the fastest (default 0: no "
+                            "check)")
     parser.add_argument("--placer", default="greedy",
                         help="placer for --place, --budget and --verify (default: greedy; "
                              "rl for the RL placer)")

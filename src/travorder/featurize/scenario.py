@@ -7,7 +7,9 @@ Beside the graph's and the cluster's own features, the predictor sees how the tw
 - ``memory_pressure``: the single-device peak memory of the training step over the
   smallest device memory (> 1: one device cannot hold the step);
 - ``log_compute_to_transfer``: log10 of the step's total compute time over the time to
-  send every tensor once over the cluster's mean link (large: compute-bound).
+  send the tensor of every edge once over the cluster's mean link: per edge the mean
+  latency and the link's busy time, plus the bytes over the mean bandwidth (a tensor with
+  three consumers counts three times; large: compute-bound).
 
 The caller passes the quantities that need the simulator (this stage comes before it):
 the compute time per node and the single-device peak.

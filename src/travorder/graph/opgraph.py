@@ -114,10 +114,16 @@ class OpGraph:
             raise GraphError(f"op_types has {len(ops)} values for {n} nodes")
 
         try:
-            src_a = np.asarray(src, dtype=np.int64).reshape(-1)
-            dst_a = np.asarray(dst, dtype=np.int64).reshape(-1)
+            raw = [np.asarray(x).reshape(-1) for x in (src, dst)]
+            src_a, dst_a = (r.astype(np.int64) for r in raw)
         except (TypeError, ValueError) as exc:
             raise GraphError(f"edge endpoints must be node indices: {exc}") from None
+        for r, a in zip(raw, (src_a, dst_a), strict=True):
+            wrong = r.dtype.kind == "b" or (r.size > 0 and np.any(r != a))
+            if wrong:  # 1.5 must not become node 1
+                bad = 0 if r.dtype.kind == "b" else int(np.flatnonzero(r != a)[0])
+                raise GraphError(f"edge endpoints must be node indices (integers), got "
+                                 f"{r[bad].item()!r} for edge {bad}")
         if src_a.shape != dst_a.shape:
             raise GraphError("src and dst must have the same length")
         m = src_a.size

@@ -14,9 +14,10 @@ uniformly random order) and ``oracle`` (0 regret).
 
 With ``verify=(k, ...)``, also the recommendation checked by placement (what
 ``recommend-order --verify k`` does): ``<kind>+verify<k>`` places the graph with the
-predictor's shortlist of ``k`` orders (`OrderPredictor.shortlist`: the training folds'
-best fixed order, then the highest-ranked others) and keeps the fastest; its baseline
-``shortlist<k>`` does the same with the ``k`` orders most often best in the training folds.
+predictor's shortlist of ``k`` orders (`OrderPredictor.shortlist`: its pick, the
+training folds' best fixed order, then the highest-ranked others) and keeps the fastest;
+its baseline ``shortlist<k>`` does the same with the ``k`` orders most often best in the
+training folds.
 
 The best fixed order is chosen on the training folds only, never on the held-out family:
 ``best-fixed`` uses, for each fold, the order with the lowest mean regret on the other

@@ -5,14 +5,17 @@ A scikit-learn style estimator over LightGBM. ``fit(X, times)`` takes the featur
 (``times``: a DataFrame with one column per order); the learned attributes end in ``_``.
 Three kinds share the interface, so they can be compared on the same folds:
 
-- ``classifier``: `lightgbm.LGBMClassifier` on the best order of each row;
+- ``classifier``: `lightgbm.LGBMClassifier` on the best order of each row (a row whose
+  orders tie exactly, as identical sequences or placements do, once per tied order,
+  weighted to one row in all);
 - ``regressor``: one `lightgbm.LGBMRegressor` per order, predicting
   ``log(step time / best step time)``; the recommendation is the smallest prediction.
   With ``row_weight="spread"`` each row weighs ``1 / max(sd, 1%)``, ``sd`` the standard
   deviation of its orders' log-ratios, so rows whose orders are a few percent apart
   count as much as pipelined rows whose orders are 50 % apart (`spread_weights`);
 - ``ranker``: `lightgbm.LGBMRanker` (lambdarank), one query per row, one item per order
-  (the row's features plus a one-hot of the order), relevance from the order's rank.
+  (the row's features plus a one-hot of the order), relevance from the order's rank
+  (how many orders are faster, so tied orders share it).
 
 Each LightGBM model is fitted ``n_seeds`` times, with random states ``random_state``,
 ``random_state + 1``, ..., and the fits' raw scores are averaged: a seed ensemble. The
@@ -23,17 +26,18 @@ out (docs/predictor.md, "The default model: seed ensembles").
 ``predict_proba`` gives each order's probability of being the best (for the regressor
 and the ranker, a softmax of their scores). ``expected_regret`` turns probabilities into
 the regret expected from using each order: ``sum_c P(best = c) * R[c, o]`` where
-``regret_table_[c, o]`` is the mean regret of order ``o`` on training rows whose best
-order was ``c``; the regressor predicts it directly (``exp(predicted log-ratio) - 1``).
+``regret_table_[c, o]`` is the mean regret of order ``o`` on training rows where ``c``
+was (tied for) the best; the regressor predicts it directly (``exp(predicted log-ratio) - 1``).
 Recommendations go by expected regret (`ranking`): the recommended order is within
 ``tie_tolerance`` (2 %) of the lowest figure printed, and among the orders that close
 (tied within the predictor's noise) the one with the lowest mean regret on the training
 data. ``tie_tolerance=None`` chooses the tolerance by family-grouped cross-validation on
 the training rows (``fit(..., groups=)``, `TOLERANCES`): a confidence gate, the model's pick
 only when it beats the safest order by more than the model's own held-out noise.
-``shortlist`` gives the orders worth checking by placement: the
-best fixed order of the training data (lowest ``mean_regret_``) first, then the others by
-expected regret, so that keeping the fastest of them is never worse than that fixed order.
+``shortlist`` gives the orders worth checking by placement: the recommended order, then
+the best fixed order of the training data (lowest ``mean_regret_``), then the others by
+expected regret, so that keeping the fastest of two or more is never worse than that
+fixed order.
 
 Saved as the LightGBM models' trees in arrays (``trees.npz``, `trees.save_trees`; the one
 LightGBM text per file of older models, ``model_<i>.txt.gz`` or ``.txt``, loads too) plus
@@ -228,24 +232,30 @@ class OrderPredictor:
         self.classes_ = np.array([str(c) for c in times.columns])
         k = self.classes_.size
         log_ratio = np.log(T / T.min(axis=1, keepdims=True))
-        best = log_ratio.argmin(axis=1)
+        # Orders exactly as fast as the best (identical sequences or placements) all win.
+        winners = log_ratio == 0.0
         regret = regrets(T)
         self.mean_regret_ = regret.mean(axis=0)
         self.regret_table_ = np.array([
-            regret[best == c].mean(axis=0) if np.any(best == c) else regret.mean(axis=0)
-            for c in range(k)])
+            regret[winners[:, c]].mean(axis=0) if winners[:, c].any() else
+            regret.mean(axis=0) for c in range(k)])
         if self.kind == "classifier":
+            # A row once per winner, weighted so that each row weighs one in all.
+            rows, best = np.nonzero(winners)
+            weight = 1.0 / winners.sum(axis=1)[rows]
             self.labels_ = np.unique(best)  # the orders that were ever best
             fits = [] if self.labels_.size < 2 else [
                 delayed(lgb.LGBMClassifier(**self._lgb_params(s)).fit)(
-                    Xa, np.searchsorted(self.labels_, best)) for s in range(self.n_seeds)]
+                    Xa[rows], np.searchsorted(self.labels_, best), sample_weight=weight)
+                for s in range(self.n_seeds)]
         elif self.kind == "regressor":
             weight = spread_weights(log_ratio) if self.row_weight == "spread" else None
             fits = [delayed(lgb.LGBMRegressor(**self._lgb_params(s)).fit)(
                 Xa, log_ratio[:, j], sample_weight=weight)
                 for j in range(k) for s in range(self.n_seeds)]
         else:
-            ranks = log_ratio.argsort(axis=1).argsort(axis=1)
+            # An order's rank: how many orders are faster (tied orders share it).
+            ranks = (log_ratio[:, None, :] < log_ratio[:, :, None]).sum(axis=2)
             relevance = (k - 1 - ranks).reshape(-1)
             rows = self._ranker_rows(Xa)
             fits = [delayed(lgb.LGBMRanker(**self._lgb_params(s)).fit)(
@@ -391,23 +401,30 @@ class OrderPredictor:
 
     def shortlist(self, X: Features, k: int) -> np.ndarray:
         """Per row, ``k`` orders to check by placement (indices into ``classes_``): the
-        order with the lowest mean regret on the training rows, then the others by score."""
+        recommended order, then the one with the lowest mean regret on the training rows
+        (once two orders are checked, the fastest is never worse than always using it),
+        then the others as `ranking` has them."""
         self._check_fitted()
         if not 1 <= k <= self.classes_.size:
             raise TravorderError(f"a shortlist holds 1 to {self.classes_.size} orders, got {k}")
-        ranked = self.ranking(X)
+        position = self.ranking(X).argsort(axis=1)  # of each order in the ranking
+        key = np.where(position == 0, 0, position + 1)
         anchor = self.mean_regret_.argmin()
-        rest = ranked[ranked != anchor].reshape(ranked.shape[0], -1)
-        return np.column_stack([np.full(ranked.shape[0], anchor), rest])[:, :k]
+        key[:, anchor] = np.minimum(key[:, anchor], 1)
+        return key.argsort(axis=1)[:, :k]
 
-    def explain(self, X: Features) -> np.ndarray:
-        """Per-feature contributions (LightGBM SHAP values) to the recommended order's score:
-        ``(n_rows, n_features)``."""
+    def explain(self, X: Features, orders: Any = None) -> np.ndarray:
+        """Per-feature contributions (LightGBM SHAP values) to the score of each row's
+        order in ``orders`` (indices into ``classes_``; default: the recommended order,
+        the first of `ranking`): ``(n_rows, n_features)``."""
         import lightgbm as lgb
 
         self._check_fitted()
         Xa = self._check_X(X)
-        top = self.scores(Xa).argmax(axis=1)
+        top = self.ranking(Xa)[:, 0] if orders is None else np.asarray(orders, dtype=int)
+        if top.shape != (Xa.shape[0],) or not np.all((top >= 0) & (top < self.classes_.size)):
+            raise TravorderError(f"explain needs one order index (0 to "
+                                 f"{self.classes_.size - 1}) per row, got {top.tolist()}")
         d = self.n_features_in_
 
         @functools.cache  # each model read once per call, however many rows
@@ -429,11 +446,13 @@ class OrderPredictor:
             return np.zeros_like(Xa)
         c = contrib(0, Xa)
         if c.shape[1] == d + 1:  # binary: contributions towards the second label
-            sign = np.where(top == self.labels_[1], 1.0, -1.0)
-            return c[:, :d] * sign[:, None]
-        per_class = c.reshape(Xa.shape[0], self.labels_.size, d + 1)
-        label_pos = np.searchsorted(self.labels_, top)
-        return per_class[np.arange(Xa.shape[0]), label_pos, :d]
+            out = c[:, :d] * np.where(top == self.labels_[1], 1.0, -1.0)[:, None]
+        else:
+            per_class = c.reshape(Xa.shape[0], self.labels_.size, d + 1)
+            label_pos = np.searchsorted(self.labels_, top).clip(max=self.labels_.size - 1)
+            out = per_class[np.arange(Xa.shape[0]), label_pos, :d]
+        # An order never best in training has a constant score: nothing contributes.
+        return np.where(np.isin(top, self.labels_)[:, None], out, 0.0)
 
     # ------------------------------------------------------------------ files
     def save(self, directory: str | os.PathLike[str], **manifest: Any) -> None:

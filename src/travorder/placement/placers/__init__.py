@@ -154,10 +154,14 @@ def _check_options(name: str, fn: PlacerFn, options: dict[str, Any]) -> None:
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     allowed = list(params)[4:]
-    for key in options:
+    for key, value in options.items():
         if key not in allowed:
             valid = ", ".join(allowed) if allowed else "none"
             raise TravorderError(f"placer {name!r} has no option {key!r} (options: {valid})")
+        default = params[key].default
+        if isinstance(default, bool) and not isinstance(value, bool | np.bool_):
+            raise TravorderError(f"placer {name!r} option {key} must be true or false, got "
+                                 f"{value!r}")
 
 
 def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
