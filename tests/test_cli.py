@@ -325,30 +325,33 @@ def test_unknown_command_and_placer_get_one_line(capsys):
     _one_line_error(capsys, ["model", "reset", "--placer", "nope"], "unknown placer")
 
 
-def test_output_that_cannot_be_written_is_refused_before_any_work(capsys, model, tmp_path,
-                                                                  monkeypatch):
-    import tempfile
-
-    def refuse(*args, **kwargs):
-        raise PermissionError(13, "Permission denied")
-
-    monkeypatch.setattr(tempfile, "TemporaryFile", refuse)  # a folder we may not write to
-    out_path = tmp_path / "p.json"
-    _one_line_error(capsys, ["place", model, "-o", str(out_path)], "Permission denied")
-    code, _out, err = _recommend(capsys, model, "--place", str(out_path))
-    assert code == 2 and err.count("\n") == 1 and "cannot write" in err
-    assert not out_path.exists()
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_output_that_cannot_be_written_is_refused_before_any_work(capsys, model):
+    out_path = "/proc/travorder-test.json"  # a folder where no file can be made, even by root
+    _one_line_error(capsys, ["place", model, "-o", out_path], "cannot write")
+    code, out, err = _recommend(capsys, model, "--place", out_path)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "cannot write" in err
 
 
-def test_a_file_system_error_gets_one_line(capsys, model, tmp_path, monkeypatch):
-    import travorder.graph.native as native
-
-    def fail(*args, **kwargs):
+def test_a_file_system_error_gets_one_line_and_leaves_no_file(capsys, model, tmp_path,
+                                                               monkeypatch):
+    def full(self, data):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(native.gzip, "compress", fail)  # a full disk, say
-    _one_line_error(capsys, ["convert", model, str(tmp_path / "g.json.gz")],
-                    "No space left on device")
+    monkeypatch.setattr(Path, "write_bytes", full)
+    out_path = tmp_path / "g.json.gz"
+    _one_line_error(capsys, ["convert", model, str(out_path)],
+                    f"cannot write graph '{out_path}': No space left on device")
+    assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary twin
+    monkeypatch.undo()
+
+    def refused(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", refused)  # any other file error: one line too
+    code, _, err = run(capsys, "study", "report", str(tmp_path / "none.sqlite"), "--out",
+                       str(tmp_path / "r"))
+    assert code == 2 and err.count("\n") == 1
 
 
 def test_recommend_with_an_unknown_placer_gets_one_line(capsys, model):

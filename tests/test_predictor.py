@@ -7,6 +7,7 @@ import json
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -20,11 +21,13 @@ from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
 from travorder.errors import FormatError, TravorderError
 from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
 from travorder.graph import training_graph
+from travorder.predictor.active import bundled_model_dir
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate
 from travorder.predictor.model import KINDS, MANIFEST, TREES_FILE, OrderPredictor
 
 ORDERS = ["topo", "bfs", "dfs_preorder"]
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 @pytest.fixture(scope="module")
@@ -140,8 +143,9 @@ def test_explain_explains_the_recommended_order():
     assert p.predict(row).tolist() == ["A"] and p.scores(row).argmax() == 1
     np.testing.assert_allclose(p.explain(row), p.explain(row, orders=[0]))
     assert not np.allclose(p.explain(row), p.explain(row, orders=[1]))
-    with pytest.raises(TravorderError, match="one order index"):
-        p.explain(row, orders=[2])
+    for bad in ([2], [0.0], ["A"], [0, 1]):
+        with pytest.raises(TravorderError, match="one order index"):
+            p.explain(row, orders=bad)
 
 
 def test_a_row_without_a_family_is_a_family_of_its_own(frame):
@@ -315,7 +319,8 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
     assert list(one.verified) == [one.order] == [plain.order]  # checks the pick
     assert one.confidence == plain.confidence  # one order checked compares nothing
-    code, out, _ = _run(capsys, "examples/resnet_small.onnx", "--verify", "1")
+    code, out, _ = _run(capsys, str(EXAMPLES / "resnet_small.onnx"), "--verify", "1",
+                        "--predictor", str(bundled_model_dir()))
     assert code == 0 and "confidence low: one order checked" in out  # a warned-of graph
     two = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=2)
     p, _ = OrderPredictor.load(model_dir)  # then the best fixed order of the training data
@@ -629,7 +634,8 @@ def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_
     full = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=60)
     assert sorted(full.verified) == sorted(ORDERS)  # every order the model knows,
     assert not full.exact  # which are not all of travorder's
-    bundled = recommend_order(onnx_model, "k80x3", budget=60)  # knows them all
+    bundled = recommend_order(onnx_model, "k80x3", budget=60,  # knows them all
+                              predictor=str(bundled_model_dir()))
     assert bundled.exact and sorted(bundled.verified) == sorted(ALL_ORDERS)
     study_graph = training_graph(read_onnx(onnx_model))
     want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
@@ -649,7 +655,8 @@ def test_budget_on_the_command_line(capsys, model_dir, onnx_model):
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "60")
     assert code == 0 and "fastest of 3 of 3 orders checked (the model knows 3 of " \
         "travorder's 11 orders) by placement with greedy" in out
-    code, out, _ = _run(capsys, onnx_model, "--budget", "60")
+    code, out, _ = _run(capsys, onnx_model, "--budget", "60", "--predictor",
+                        str(bundled_model_dir()))
     assert code == 0 and "exact: every order was checked by placement with greedy" in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "-2")
     assert code == 2 and err.count("\n") == 1 and "time budget" in err
@@ -698,8 +705,6 @@ def test_warns_when_the_graph_lies_outside_the_training_data(capsys, model_dir, 
 
 
 def test_warns_when_the_model_learned_from_another_placer(onnx_model):
-    from travorder.predictor.active import bundled_model_dir
-
     model_dir = str(bundled_model_dir("m_etf"))  # no model of its own: greedy's
     assert model_dir == str(bundled_model_dir())
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, placer="m_etf")

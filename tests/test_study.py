@@ -141,24 +141,6 @@ def test_spec_file_paths_are_relative_to_the_spec(tmp_path):
         load_spec(tmp_path / "s.toml")
 
 
-def test_a_graph_file_without_a_family_is_its_own(tmp_path):
-    from travorder.graph import save_graph
-    from travorder.graph.native import graph_from_dict, graph_to_dict
-
-    doc = graph_to_dict(chain(n_layers=3))
-    for name, family in (("a", None), ("b", "cnn"), ("c", "cnn")):
-        meta = {k: v for k, v in doc["meta"].items() if k != "family"}
-        meta |= {"name": name} if family is None else {"name": name, "family": family}
-        save_graph(graph_from_dict({**doc, "meta": meta}), tmp_path / f"{name}.json.gz")
-    (tmp_path / "s.toml").write_text(
-        'name = "x"\norders = ["topo", "bfs"]\nclusters = ["k80x3"]\n[placer]\n'
-        'name = "greedy"\n[graphs]\nfiles = ["a.json.gz", "b.json.gz", '
-        '{path = "c.json.gz", family = "given"}]\n')
-    graphs = load_spec(tmp_path / "s.toml").select_graphs()
-    # a: held out on its own, never as a missing family
-    assert [g.meta["family"] for g in graphs] == ["a", "cnn", "given"]
-
-
 # ---------------------------------------------------------------------------- jobs
 def test_run_job_is_the_placement_of_the_prepared_graph():
     s = spec()

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, write_file
 
 EXIT_USAGE = 2
 
@@ -55,12 +55,7 @@ def _check_out(path: str | None) -> None:
 
 def _write_json(path: str, doc: Any) -> None:
     """Write JSON atomically, so an error never leaves a half-written file."""
-    import os
-
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=_json_default) + "\n")
-    os.replace(tmp, out)
+    write_file(path, json.dumps(doc, indent=2, default=_json_default) + "\n", "JSON")
 
 
 def _human(x: float, unit: str = "") -> str:
@@ -826,6 +821,8 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
 
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as exc:  # a file or folder that cannot be read or written
+        if exc.filename is None:  # not a file's: a bug, with its traceback
+            raise
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     return code or 0
@@ -894,7 +891,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
                                         rec.verified.items()))
         if rec.confidence == "low":
             print(f"  confidence low: one order checked (probability of being the best "
-                  f"{rec.probability:.2f}); --budget 2 compares the orders by placement")
+                  f"{rec.probability:.2f}); a larger --budget compares orders by placement")
     else:
         print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
               f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")

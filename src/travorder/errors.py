@@ -35,6 +35,21 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
         raise FormatError(f"cannot read {what} {str(p)!r}: {exc}") from None
 
 
+def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> None:
+    """Write ``data`` to ``path`` through a temporary file beside it, so an error never
+    leaves half a file (nor the temporary one); a `TravorderError` naming ``what`` if the
+    file cannot be written."""
+    out = Path(path)
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise TravorderError(f"cannot write {what} {str(path)!r}: "
+                             f"{exc.strerror or exc}") from None
+
+
 def check_seed(seed: Any) -> int:
     """``seed`` if it is a non-negative integer (what numpy's generators take), else a
     `TravorderError`."""

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, check_format
+from travorder.errors import FormatError, TravorderError, check_format, write_file
 from travorder.graph.coarsen import coarsen
 from travorder.graph.native import load_native, save_graph
 from travorder.graph.opgraph import OpGraph
@@ -87,9 +87,7 @@ def _write_manifest(corpus_dir: Path, entries: Iterable[Mapping[str, Any]]) -> N
     lines = ",\n".join(json.dumps(dict(e), sort_keys=True) for e in rows)  # a line per graph
     text = (f'{{"format": "{MANIFEST_FORMAT}", "format_version": {MANIFEST_VERSION}, '
             f'"graphs": [\n{lines}\n]}}\n')
-    tmp = corpus_dir / (MANIFEST_NAME + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, corpus_dir / MANIFEST_NAME)
+    write_file(corpus_dir / MANIFEST_NAME, text, "corpus manifest")
 
 
 def _file_name(name: str) -> str:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from travorder.datasets.corpus import DEFAULT_MAX_NODES, add_to_corpus
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, write_file
 from travorder.graph.native import graph_from_dict, graph_to_dict
 from travorder.graph.opgraph import OpGraph
 
@@ -621,9 +621,8 @@ def _write_failures(corpus_dir: Path, done: Iterable[str], failures: list[ZooFai
     for name in done:
         rows.pop(name, None)
     rows.update((f.name, f.to_dict()) for f in failures)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps([rows[k] for k in sorted(rows)], indent=1) + "\n")
-    os.replace(tmp, path)
+    write_file(path, json.dumps([rows[k] for k in sorted(rows)], indent=1) + "\n",
+               "zoo failures")
 
 
 def read_failures(corpus_dir: str | os.PathLike[str]) -> list[dict[str, str]]:

@@ -18,10 +18,9 @@ import gzip
 import json
 import os
 import zlib
-from pathlib import Path
 from typing import Any
 
-from travorder.errors import FormatError, check_format
+from travorder.errors import FormatError, check_format, write_file
 from travorder.graph.opgraph import OpGraph
 
 FORMAT_NAME = "travorder.opgraph"
@@ -64,11 +63,9 @@ def graph_from_dict(doc: Any, source: str = "document") -> OpGraph:
 
 def save_graph(g: OpGraph, path: str | os.PathLike[str]) -> None:
     """Write ``g`` to ``path`` (gzipped JSON), atomically: no half-written file on error."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     data = json.dumps(graph_to_dict(g), separators=(",", ":")).encode()
-    tmp.write_bytes(gzip.compress(data, mtime=0))  # no name, no time: same graph, same bytes
-    os.replace(tmp, path)
+    # No name, no time in the gzip header: same graph, same bytes.
+    write_file(path, gzip.compress(data, mtime=0), "graph")
 
 
 def load_native(path: str | os.PathLike[str]) -> OpGraph:

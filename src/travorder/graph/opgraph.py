@@ -116,11 +116,10 @@ class OpGraph:
         try:
             raw = [np.asarray(x).reshape(-1) for x in (src, dst)]
             src_a, dst_a = (r.astype(np.int64) for r in raw)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:
             raise GraphError(f"edge endpoints must be node indices: {exc}") from None
         for r, a in zip(raw, (src_a, dst_a), strict=True):
-            wrong = r.dtype.kind == "b" or (r.size > 0 and np.any(r != a))
-            if wrong:  # 1.5 must not become node 1
+            if r.size and (r.dtype.kind == "b" or np.any(r != a)):  # 1.5 is not node 1
                 bad = 0 if r.dtype.kind == "b" else int(np.flatnonzero(r != a)[0])
                 raise GraphError(f"edge endpoints must be node indices (integers), got "
                                  f"{r[bad].item()!r} for edge {bad}")

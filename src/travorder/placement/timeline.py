@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, write_file
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.simulator import SimResult, Simulator, Transfer
@@ -177,19 +177,7 @@ def trace_events(tl: Timeline) -> dict[str, Any]:
 
 def write_trace(tl: Timeline, path: str | os.PathLike[str]) -> None:
     """Write `trace_events` as JSON to ``path`` (open it in ui.perfetto.dev)."""
-    _write_bytes(path, json.dumps(trace_events(tl)).encode(), "trace")
-
-
-def _write_bytes(path: str | os.PathLike[str], data: bytes, what: str) -> None:
-    """Write ``data`` through a temporary file, so an error never leaves half a file."""
-    out = Path(path)
-    tmp = out.with_name(out.name + ".tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise TravorderError(f"cannot write {what} {str(path)!r}: {exc.strerror}") from None
+    write_file(path, json.dumps(trace_events(tl)).encode(), "trace")
 
 
 #: The picture formats `plot_gantt` writes, by file suffix.
@@ -242,7 +230,7 @@ def plot_gantt(timelines: Timeline | list[Timeline], path: str | os.PathLike[str
         buf = io.BytesIO()
         fig.savefig(buf, format=fmt, dpi=130)
         plt.close(fig)
-        _write_bytes(path, buf.getvalue(), "Gantt chart")
+        write_file(path, buf.getvalue(), "Gantt chart")
     return fig
 
 

@@ -87,8 +87,10 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     tie_text = frame["ties"] if "ties" in frame.columns else pd.Series("", index=frame.index)
     ties = [frozenset({b} | (set(t.split(",")) & set(orders) if isinstance(t, str) else set()))
             for b, t in zip(best, tie_text, strict=True)]
-    # A graph without a family (a file of an older study) is a family of its own.
-    family = frame["family"].fillna(frame["graph"] if "graph" in frame.columns else "")
+    # A graph without a family (a study's file that names none) is a family of its own.
+    own = next((frame[c] for c in ("graph", "graph_hash") if c in frame.columns),
+               pd.Series(frame.index.astype(str), index=frame.index))
+    family = frame["family"].fillna(own)
     return TrainingData(pd.concat([feats, cfeats, sfeats], axis=1), times, ties,
                         family.astype(str).to_numpy(), frame)
 

@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, check_format
+from travorder.errors import FormatError, TravorderError, check_format, write_file
 from travorder.predictor.trees import TreeEnsemble, compact, load_trees, save_trees
 from travorder.versions import library_versions
 
@@ -421,8 +421,9 @@ class OrderPredictor:
 
         self._check_fitted()
         Xa = self._check_X(X)
-        top = self.ranking(Xa)[:, 0] if orders is None else np.asarray(orders, dtype=int)
-        if top.shape != (Xa.shape[0],) or not np.all((top >= 0) & (top < self.classes_.size)):
+        top = self.ranking(Xa)[:, 0] if orders is None else np.asarray(orders)
+        if top.shape != (Xa.shape[0],) or top.dtype.kind not in "iu" or not np.all(
+                (top >= 0) & (top < self.classes_.size)):
             raise TravorderError(f"explain needs one order index (0 to "
                                  f"{self.classes_.size - 1}) per row, got {top.tolist()}")
         d = self.n_features_in_
@@ -483,9 +484,8 @@ class OrderPredictor:
             "library_versions": {**library_versions(), "lightgbm": lgb.__version__},
             **manifest,
         }
-        tmp = out / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(doc, indent=1, default=_plain) + "\n")
-        os.replace(tmp, out / MANIFEST)
+        write_file(out / MANIFEST, json.dumps(doc, indent=1, default=_plain) + "\n",
+                   "model manifest")
         for stale in before - _model_files(out / MANIFEST):
             (out / stale).unlink(missing_ok=True)
 

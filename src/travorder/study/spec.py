@@ -74,8 +74,7 @@ class SyntheticSelection:
 
 @dataclass(frozen=True)
 class FileSelection:
-    """A graph file; ``family`` overrides the family in the file's metadata (without
-    either, the graph's name is its family)."""
+    """A graph file; ``family`` overrides the family in the file's metadata."""
 
     path: Path
     family: str | None = None
@@ -145,11 +144,11 @@ class StudySpec:
             graphs += load_corpus(corpus_dir=self.corpus.get("dir"), **filters)
         for f in self.files:
             g = load_graph(f.path)
-            name = g.name or f.path.name
-            # Without a family of its own a file is one: held out alone, grouped by name.
-            graphs.append(g.replace(meta={
-                **g.meta, "name": name, "source": g.meta.get("source") or str(f.path),
-                "family": f.family or g.meta.get("family") or name}))
+            meta = {"name": g.name or f.path.name, "source": g.meta.get("source") or
+                    str(f.path)}
+            if f.family is not None:
+                meta["family"] = f.family
+            graphs.append(g.replace(meta={**g.meta, **meta}))
         if self.synthetic:
             from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
 
