@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, write_file
 from travorder.graph import OpGraph
 
 #: The link models: one transfer queue per sending device (``bus``, Placeto), per device
@@ -350,11 +350,7 @@ def save_cluster(cluster: Cluster, path: str | os.PathLike[str]) -> None:
         text = json.dumps(cluster.to_dict(), indent=2) + "\n"
     else:
         raise TravorderError(f"cluster file {str(p)!r} must end in .toml or .json")
-    try:
-        p.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise TravorderError(f"cannot write cluster file {str(p)!r}: {exc.strerror}"
-                             ) from None
+    write_file(p, text, "cluster file")
 
 
 def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:

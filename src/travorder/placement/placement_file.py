@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, check_format, read_text
+from travorder.errors import FormatError, TravorderError, check_format, read_text, write_file
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.placers import PlacementResult
@@ -85,7 +85,7 @@ def save_placement(result: PlacementResult, graph: OpGraph, cluster: Cluster,
                    path: str | os.PathLike[str]) -> None:
     """Write `result` (a placement of `graph` on `cluster`) as a placement file."""
     text = json.dumps(placement_doc(result, graph, cluster), indent=1, allow_nan=False)
-    Path(path).write_text(text + "\n", encoding="utf-8")
+    write_file(path, text + "\n", "placement file")
 
 
 def _read(path: Path) -> dict[str, Any]:

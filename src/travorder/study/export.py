@@ -37,6 +37,7 @@ predictor learns the set ``ties`` and regret is measured with the means.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from collections.abc import Sequence
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, write_file
 from travorder.graph import OpGraph
 from travorder.placement import ORDERS, Cluster
 from travorder.placement.placers import falls_back
@@ -314,10 +315,13 @@ def export_dataset(store_path: str | os.PathLike[str], out: str | os.PathLike[st
     kind = _kind(out)
     data = dataset_frame(store_path, rel_tol, study)
     out.parent.mkdir(parents=True, exist_ok=True)
+    buf = io.BytesIO()
     if kind == "parquet":
-        data.to_parquet(out, index=False, compression="zstd")
+        data.to_parquet(buf, index=False, compression="zstd")
     else:
-        data.to_csv(out, index=False)
+        data.to_csv(buf, index=False,
+                    compression="gzip" if out.name.lower().endswith(".gz") else None)
+    write_file(out, buf.getvalue(), "dataset")
     return data
 
 
