@@ -98,6 +98,9 @@ def test_clusters(capsys):
     assert code == 0 and json.loads(out)["link_model"] == "bus"
     code, out, _ = run(capsys, "clusters")
     assert code == 0 and "v100x4-nvlink" in out
+    code, out, _ = run(capsys, "clusters", "hetero-a100x2-v100x2")  # in full: links too
+    assert code == 0 and "link model channel" in out
+    assert "  links: 12.00 GB/s to 25.00 GB/s, latency 10.0 us, busy 0.0 us" in out
 
 
 def _cyclic_onnx() -> onnx.ModelProto:
@@ -150,10 +153,15 @@ def _placement_cases(tmp_path, model, capsys):
     neg = {"name": "bad", "link_model": "link",
            "devices": [{"name": "gpu", "count": 2, "peak_flops": 1e12, "mem_bw": 1e11}],
            "links": {"bandwidth": -5.0, "latency": 1.0}}
+    nameless = {k: v for k, v in doc.items() if k != "cluster"}
     for name, d in [("short.json", short), ("far.json", far), ("other.json", other),
-                    ("neg.json", neg)]:
+                    ("neg.json", neg), ("nameless.json", nameless)]:
         (tmp_path / name).write_text(json.dumps(d))
     return [
+        (["simulate", model, str(tmp_path / "nameless.json")], "lacks a valid 'cluster'"),
+        (["convert", model, str(tmp_path / "out.onnx")], "ending in .json.gz"),
+        (["simulate", model, str(good), "--trace", str(tmp_path / "t.json"), "--gantt",
+          str(tmp_path / "no" / "g.png")], "no such directory"),
         (["simulate", model, str(tmp_path / "short.json")], "does not place node"),
         (["simulate", model, str(tmp_path / "far.json")], "on device"),
         (["simulate", model, str(tmp_path / "other.json")], "placement is for graph"),
@@ -170,6 +178,7 @@ def test_bad_placement_input_gets_one_line_and_exit_2(capsys, model, tmp_path):
         code, _out, err = run(capsys, *argv)
         assert code == 2, argv
         assert err.count("\n") == 1 and message in err, (argv, err)
+    assert not (tmp_path / "t.json").exists()  # the trace waits for the Gantt's folder
 
 
 def test_failed_place_writes_nothing(capsys, model, tmp_path):

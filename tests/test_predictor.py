@@ -148,12 +148,11 @@ def test_explain_explains_the_recommended_order():
             p.explain(row, orders=bad)
 
 
-def test_a_row_without_a_family_is_a_family_of_its_own(frame):
-    named = frame.assign(graph=[f"g{i}" for i in range(len(frame))])
-    named.loc[:1, "family"] = None  # as an older study's file without a family
-    data = design_matrix(named)
-    assert data.family[:2].tolist() == ["g0", "g1"]
-    assert data.family[2:].tolist() == frame["family"][2:].tolist()
+def test_a_row_without_a_family_is_refused(frame):
+    orphan = frame.copy()
+    orphan.loc[:1, "family"] = None
+    with pytest.raises(TravorderError, match=r"^2 dataset rows have no family$"):
+        design_matrix(orphan)
 
 
 def test_ties_count_as_hits(frame):

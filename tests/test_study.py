@@ -114,6 +114,26 @@ def test_spec_errors(changes, message):
         StudySpec.from_dict({**SMALL, **changes})
 
 
+@pytest.mark.parametrize(("graphs", "message"), [
+    ({"corpus": {"families": ["nofam"]}}, "graphs.corpus: no graph in the corpus has family"),
+    ({"corpus": {"max_nodes": 1}}, "graphs.corpus: no graph of the corpus passes"),
+    ({"synthetic": [{"family": "chain", "params": {"n_layers": -1}}]},
+     "graphs.synthetic family 'chain': n_layers"),
+    ({"synthetic": [{"family": "chain", "params": {"depth": 3}}]},
+     "graphs.synthetic family 'chain': .*depth"),
+])
+def test_selection_errors_name_the_spec_and_the_setting(graphs, message):
+    spec = StudySpec.from_dict({**SMALL, "graphs": graphs}, source="study spec 's.toml'")
+    with pytest.raises(TravorderError, match=f"^study spec 's.toml': {message}"):
+        spec.select_graphs()
+
+
+def test_an_address_needs_the_ray_backend(tmp_path):
+    with pytest.raises(TravorderError, match="an address is for the ray backend"):
+        run_study(StudySpec.from_dict(SMALL), tmp_path / "s.sqlite", address="auto")
+    assert not (tmp_path / "s.sqlite").exists()
+
+
 def test_spec_missing_setting_and_file(tmp_path):
     doc = {k: v for k, v in SMALL.items() if k != "placer"}
     with pytest.raises(TravorderError, match="missing setting 'placer'"):
@@ -423,10 +443,10 @@ def test_sigkill_of_the_runner_takes_its_workers_along(tmp_path):
 
 
 # ---------------------------------------------------------------------------- export
-def _hand_store(path: Path) -> None:
+def _hand_store(path: Path, family: str | None = "fam") -> None:
     """One graph on one cluster: per order, hand-picked step times over seeds."""
     g = OpGraph(["a", "b"], [0], [1], flops=[1e9, 1e9], meta={
-        "name": "g", "family": "fam", "source": "hand"})
+        "name": "g", "source": "hand", **({} if family is None else {"family": family})})
     c = load_cluster("k80x3")
     times = {"topo": [(100, 1), (110, 1), (90, 1)],   # mean 100, se 10 / sqrt(3)
              "bfs": [(95, 1)],                          # the best
@@ -531,6 +551,34 @@ def test_export_round_trip(tmp_path, name):
     assert list(back.columns) == list(written.columns)
     assert back.iloc[0]["ties"] == "bfs,lexico_topo,dfs_postorder,topo"
     assert math.isclose(back.iloc[0]["se_alpha"], 5.0)
+
+
+def test_a_graph_without_a_family_is_its_own(tmp_path):
+    _hand_store(tmp_path / "h.sqlite", family=None)  # a study's file that names none
+    assert dataset_frame(tmp_path / "h.sqlite")["family"].tolist() == ["g"]
+    old = dataset_frame(tmp_path / "h.sqlite").assign(family=None)  # exported before
+    old.to_csv(tmp_path / "old.csv", index=False)
+    assert load_dataset(tmp_path / "old.csv")["family"].tolist() == ["g"]
+    write_report(tmp_path / "old.csv", tmp_path / "r")  # datasets alone: no timelines
+    assert "<b>g</b> (greedy): use <code>bfs</code>" in (tmp_path / "r" / "index.html"
+                                                          ).read_text()
+
+
+def test_another_programs_database_is_never_written(tmp_path):
+    foreign = tmp_path / "app.sqlite"
+    with contextlib.closing(sqlite3.connect(foreign)) as c:
+        c.execute("CREATE TABLE users (id INTEGER)")
+        c.commit()
+    before = foreign.read_bytes()
+    for create in (False, True):  # neither status/export nor run writes into it
+        with pytest.raises(FormatError, match="not a travorder result store \\(it holds "
+                                              "users\\)"):
+            ResultStore(foreign, create=create)
+    assert foreign.read_bytes() == before
+    (tmp_path / "empty.sqlite").touch()
+    with pytest.raises(FormatError, match="it is empty"):
+        ResultStore(tmp_path / "empty.sqlite", create=False)
+    ResultStore(tmp_path / "empty.sqlite").close()  # a run may start a store there
 
 
 def test_export_errors(tmp_path):

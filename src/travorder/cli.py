@@ -133,6 +133,9 @@ def cmd_info(args: argparse.Namespace) -> None:
 def cmd_convert(args: argparse.Namespace) -> None:
     from travorder.graph import save_graph
 
+    if not args.out.lower().endswith(".json.gz"):
+        raise TravorderError(f"convert writes travorder's gzipped JSON: give a file name "
+                             f"ending in .json.gz, not {args.out!r}")
     _check_out(args.out)
     g = _load(args.model, training=args.training)
     save_graph(g, args.out)
@@ -200,9 +203,23 @@ def cmd_clusters(args: argparse.Namespace) -> None:
 
 
 def _cluster_text(c: Any) -> str:
-    lines = [f"{c.name}: {c.n_devices} devices, link model {c.link_model}"]
+    import numpy as np
+
+    lines = [f"{c.name}: {c.n_devices} devices, link model {c.link_model}, semantics "
+             f"{c.semantics}, {c.param_copies:g} copies of the parameters"]
     lines += [f"  {d.name}: {_human(d.peak_flops, 'FLOP/s')}, {_human(d.mem_bw, 'B/s')}, "
               f"memory {_human(d.memory, 'B')}, gap {d.launch_us:.1f} us" for d in c.devices]
+    off = ~np.eye(c.n_devices, dtype=bool)
+    if off.any():
+        bw, lat = np.asarray(c.bandwidth)[off] * 1e6, np.asarray(c.latency)[off]  # B/s
+
+        def span(x: Any, fmt: Callable[[float], str]) -> str:
+            lo, hi = fmt(float(x.min())), fmt(float(x.max()))
+            return lo if lo == hi else f"{lo} to {hi}"
+
+        lines.append(f"  links: {span(bw, lambda v: _human(v, 'B/s'))}, latency "
+                     f"{span(lat, lambda v: f'{v:.1f} us')}, busy "
+                     f"{c.busy_after_us:.1f} us after each transfer (--json: every pair)")
     return "\n".join(lines)
 
 
@@ -304,6 +321,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     from travorder.placement.placement_file import load_placement
     from travorder.placement.simulator import Simulator
 
+    _check_out(args.trace)
+    _check_out(args.gantt)
     if args.gantt:
         from travorder.placement.timeline import GANTT_FORMATS
 
@@ -379,6 +398,7 @@ def cmd_study_status(args: argparse.Namespace) -> None:
 def cmd_study_export(args: argparse.Namespace) -> None:
     from travorder.study.export import export_dataset
 
+    _check_out(args.out)
     data = export_dataset(args.store, args.out, study=args.study)
     print(f"wrote {args.out}: {len(data)} rows")
 

@@ -61,6 +61,9 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     missing = [c for c in ("family", "cluster") if c not in frame.columns]
     if missing:
         raise TravorderError(f"dataset lacks column {missing[0]!r}; is it a study export?")
+    if frame["family"].isna().any():  # leave-family-out needs every row's
+        raise TravorderError(f"{int(frame['family'].isna().sum())} dataset rows have no "
+                             f"family")
     time_cols = [c for c in frame.columns if c.startswith(TIME_PREFIX)]
     if orders is None:
         orders = [c[len(TIME_PREFIX):] for c in time_cols if frame[c].notna().all()]
@@ -87,12 +90,8 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     tie_text = frame["ties"] if "ties" in frame.columns else pd.Series("", index=frame.index)
     ties = [frozenset({b} | (set(t.split(",")) & set(orders) if isinstance(t, str) else set()))
             for b, t in zip(best, tie_text, strict=True)]
-    # A graph without a family (a study's file that names none) is a family of its own.
-    own = next((frame[c] for c in ("graph", "graph_hash") if c in frame.columns),
-               pd.Series(frame.index.astype(str), index=frame.index))
-    family = frame["family"].fillna(own)
     return TrainingData(pd.concat([feats, cfeats, sfeats], axis=1), times, ties,
-                        family.astype(str).to_numpy(), frame)
+                        frame["family"].astype(str).to_numpy(), frame)
 
 
 def data_hash(frame: pd.DataFrame) -> str:

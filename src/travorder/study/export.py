@@ -286,7 +286,7 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
     cdf = pd.DataFrame.from_dict(cfeats, orient="index").add_prefix("c_")
     data = data.merge(cdf, left_on="cluster_hash", right_index=True, how="left")
 
-    data = data.rename(columns={"graph_name": "graph"})
+    data = _own_families(data.rename(columns={"graph_name": "graph"}))
     data["training"] = data["training"].astype(bool)
     data["scenario_def"] = [json.dumps(scenarios.get(n, Scenario(name=n)).to_dict(),
                                        sort_keys=True) for n in data["scenario"]]
@@ -352,7 +352,13 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
     if missing or not dataset_orders(data):
         raise FormatError(f"{path}: not a travorder study dataset (no column "
                           f"{(missing or ['time_<order>'])[0]!r})")
-    return data
+    return _own_families(data)  # exported before files without one got theirs
+
+
+def _own_families(data: Any) -> Any:
+    """``data`` with each graph that has no family (a study's file that names none)
+    as a family of its own, named as the graph."""
+    return data.assign(family=data["family"].fillna(data["graph"]))
 
 
 def row_graph(row: Any) -> OpGraph | None:

@@ -22,7 +22,8 @@ For each placer, scenario and coarsening level in the store (clusters pooled):
   the worst order (the seed nearest each order's mean) on one row, the family's row
   where they differ most, on a graph of at most `TIMELINE_NODES` nodes where there is one,
   that can be found again (in the bundled corpus, by hash, or at its source path) and
-  that its scenario prepares to the graph the jobs placed.
+  that its scenario prepares to the graph the jobs placed. The placements and learning
+  curves are in the result stores: a report of datasets alone has neither figure.
 
 Heatmaps of more than a dozen families repeat the order names above them; log axes are
 labelled with plain numbers.
@@ -326,6 +327,8 @@ def _query(stores: list[Path], study: str | None, select: str, where: str
 def _curves(stores: list[Path], out: Path, study: str | None) -> list[Path]:
     import matplotlib.pyplot as plt
 
+    if not stores:  # datasets hold no learning curves
+        return []
     runs, _ = _query(stores, study, "cluster, order_name, learning_curve",
                      "placer = 'rl' AND learning_curve IS NOT NULL")
     paths = []
@@ -355,6 +358,8 @@ def _timelines(stores: list[Path], data: Any, out: Path, study: str | None
     from travorder.placement.timeline import plot_gantt
     from travorder.study.store import decode_placement
 
+    if not stores:  # the placements are in the stores; datasets hold none
+        return []
     jobs, clusters = _query(
         stores, study, "graph_hash, graph_name, scenario, cluster, cluster_hash, placer, "
         "config_hash, order_name, seed, step_time_us, placement, study_hash",

@@ -26,12 +26,13 @@ finished is kept.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,7 +158,7 @@ def _exit_with_parent(parent: int, interval_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="travorder-parent-watch", daemon=True).start()
 
 
-@contextmanager
+@contextlib.contextmanager
 def _loky(n_workers: int, return_as: str) -> Iterator[Any]:
     """A joblib loky pool whose workers end with this process (`_exit_with_parent`)."""
     from joblib import Parallel, parallel_config
@@ -177,22 +178,30 @@ def _run_loky(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: in
                             for chunk in _chunks(jobs))
 
 
-def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: int,
-             address: str | None) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
+def _start_ray(n_workers: int, address: str | None) -> bool:
+    """Start Ray or connect to it at ``address``; whether this call started it."""
     try:
         import ray
     except ImportError:
         raise TravorderError("the ray backend needs Ray: pip install 'travorder[ray]'"
                              ) from None
-    started = not ray.is_initialized()
-    if started:
-        try:
-            if address is None:
-                ray.init(num_cpus=n_workers, include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=address, log_to_driver=False)
-        except ConnectionError as exc:
-            raise TravorderError(f"cannot connect to Ray at {address!r}: {exc}") from None
+    if ray.is_initialized():
+        return False
+    try:
+        if address is None:
+            ray.init(num_cpus=n_workers, include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=address, log_to_driver=False)
+    except ConnectionError as exc:
+        raise TravorderError(f"cannot connect to Ray at {address!r}: {exc}") from None
+    return True
+
+
+def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters
+             ) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
+    """Run ``jobs`` on Ray, started by `_start_ray`."""
+    import ray
+
     pending: list[Any] = []
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(run_jobs_safely)
@@ -208,8 +217,6 @@ def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: int
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
-        if started:
-            ray.shutdown()
 
 
 def _progress(enabled: bool) -> Any:
@@ -245,10 +252,15 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         raise TravorderError(f"jobs must be a positive integer, got {jobs!r}")
     if not isinstance(spec, StudySpec):
         spec = load_spec(Path(spec))
+    if address is not None and backend != "ray":
+        raise TravorderError("an address is for the ray backend (--backend ray)")
     graphs = spec.select_graphs()
     all_jobs = spec_jobs(spec, graphs)
     _preflight(spec)  # before the store is touched: a bad spec leaves nothing behind
-    with ResultStore(store_path) as store:
+    with contextlib.ExitStack() as cleanup:
+        if backend == "ray" and _start_ray(jobs, address):  # no Ray: no store either
+            cleanup.callback(sys.modules["ray"].shutdown)
+        store = cleanup.enter_context(ResultStore(store_path))
         store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
         done_before = store.done_ids()
         todo = [j for j in all_jobs if j.job_id not in done_before]
@@ -271,7 +283,7 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
                                 failed=0, rate=0.0)
             t0 = time.perf_counter()
             results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
-                       else _run_ray(todo, prepared, clusters, jobs, address))
+                       else _run_ray(todo, prepared, clusters))
             try:
                 for chunk in results:
                     for job, outcome in chunk:

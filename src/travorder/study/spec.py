@@ -46,7 +46,8 @@ import hashlib
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,9 +142,13 @@ class StudySpec:
             from travorder.datasets.corpus import load_corpus
 
             filters = {k: v for k, v in self.corpus.items() if k != "dir"}
-            graphs += load_corpus(corpus_dir=self.corpus.get("dir"), **filters)
+            with self._naming("graphs.corpus"):
+                graphs += load_corpus(corpus_dir=self.corpus.get("dir"), **filters)
+                if not graphs:
+                    raise TravorderError(f"no graph of the corpus passes {filters}")
         for f in self.files:
-            g = load_graph(f.path)
+            with self._naming("graphs.files"):
+                g = load_graph(f.path)
             meta = {"name": g.name or f.path.name, "source": g.meta.get("source") or
                     str(f.path)}
             if f.family is not None:
@@ -154,12 +159,12 @@ class StudySpec:
 
             for s in self.synthetic:
                 gen = SYNTHETIC_FAMILIES[s.family]
-                for seed in s.seeds:
-                    try:
-                        graphs.append(gen(seed=seed, **s.params))
-                    except TypeError as exc:
-                        raise TravorderError(f"{self.source}: synthetic family "
-                                             f"{s.family!r}: {exc}") from None
+                with self._naming(f"graphs.synthetic family {s.family!r}"):
+                    for seed in s.seeds:
+                        try:
+                            graphs.append(gen(seed=seed, **s.params))
+                        except TypeError as exc:  # a parameter the generator lacks
+                            raise TravorderError(str(exc)) from None
         seen: set[str] = set()
         for g in graphs:
             if g.name in seen:
@@ -167,6 +172,14 @@ class StudySpec:
                                      f"{g.name!r}")
             seen.add(g.name)
         return graphs
+
+    @contextmanager
+    def _naming(self, setting: str) -> Iterator[None]:
+        """Errors inside name this spec and ``setting``."""
+        try:
+            yield
+        except TravorderError as exc:
+            raise type(exc)(f"{self.source}: {setting}: {exc}") from None
 
     def prepare(self, graph: OpGraph, scenario: Scenario = DEFAULT_SCENARIO) -> OpGraph:
         """The graph placed in ``scenario``: `Scenario.prepare` with this spec's settings."""

@@ -148,6 +148,7 @@ class ResultStore:
         try:
             self.connection = sqlite3.connect(self.path, timeout=30.0,
                                               isolation_level=None)
+            self._check_foreign(create)  # before anything is written to the file
             self.connection.execute("PRAGMA journal_mode=WAL")
             self.connection.execute("PRAGMA synchronous=NORMAL")
             with self._transaction():
@@ -167,6 +168,18 @@ class ResultStore:
                         "INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
         except sqlite3.DatabaseError as exc:
             raise FormatError(f"{self.path}: not a travorder result store ({exc})") from None
+
+    def _check_foreign(self, create: bool) -> None:
+        """Refuse a database that is not a travorder store (another program's tables, or
+        without ``create`` an empty file), so that nothing is written into it."""
+        tables = sorted(r[0] for r in self.connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"))
+        ours = "meta" in tables and self.connection.execute(
+            "SELECT 1 FROM meta WHERE key = 'store_version'").fetchone() is not None
+        if not ours and (tables or not create):
+            self.connection.close()
+            held = f"it holds {', '.join(tables[:3])}" if tables else "it is empty"
+            raise FormatError(f"{self.path}: not a travorder result store ({held})")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
