@@ -158,7 +158,7 @@ def _placement_cases(tmp_path, model, capsys):
                     ("neg.json", neg), ("nameless.json", nameless)]:
         (tmp_path / name).write_text(json.dumps(d))
     return [
-        (["simulate", model, str(tmp_path / "nameless.json")], "lacks a valid 'cluster'"),
+        (["simulate", model, str(tmp_path / "nameless.json")], "give --cluster"),
         (["convert", model, str(tmp_path / "out.onnx")], "ending in .json.gz"),
         (["simulate", model, str(good), "--trace", str(tmp_path / "t.json"), "--gantt",
           str(tmp_path / "no" / "g.png")], "no such directory"),
@@ -353,14 +353,25 @@ def test_a_file_system_error_gets_one_line_and_leaves_no_file(capsys, model, tmp
                     f"cannot write graph '{out_path}': No space left on device")
     assert list(tmp_path.iterdir()) == []  # neither the file nor its temporary twin
     monkeypatch.undo()
+    from travorder.errors import TravorderError, write_file
+
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(TravorderError, match=r"cannot write JSON .*: Not a directory"):
+        write_file(tmp_path / "afile" / "x.json", "{}", "JSON")  # its cleanup fails too
 
     def refused(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 
     monkeypatch.setattr(Path, "mkdir", refused)  # any other file error: one line too
-    code, _, err = run(capsys, "study", "report", str(tmp_path / "none.sqlite"), "--out",
-                       str(tmp_path / "r"))
-    assert code == 2 and err.count("\n") == 1
+    code, _, err = run(capsys, "study", "report", "bundled:rl", "--out", str(tmp_path / "r"))
+    assert code == 2 and err.count("\n") == 1 and "Permission denied" in err
+
+    def broken(self, *args, **kwargs):
+        raise OSError(5, "Input/output error")  # no file named: a bug, with its traceback
+
+    monkeypatch.setattr(Path, "mkdir", broken)
+    with pytest.raises(OSError, match="Input/output error"):
+        run(capsys, "study", "report", "bundled:rl", "--out", str(tmp_path / "r"))
 
 
 def test_recommend_with_an_unknown_placer_gets_one_line(capsys, model):

@@ -336,6 +336,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
                                  "'travorder[report]'") from None
     g = _load(args.model, training=not args.forward_only)
     _, doc = load_placement(args.placement)
+    if not args.cluster and not isinstance(doc.get("cluster"), dict):
+        raise TravorderError(f"placement file {args.placement!r} does not say its cluster: "
+                             f"give --cluster")
     cluster = load_cluster(args.cluster) if args.cluster else Cluster.from_dict(doc["cluster"])
     placement, _ = load_placement(args.placement, g, cluster)
     sim = Simulator(g, cluster)

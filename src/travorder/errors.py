@@ -7,6 +7,7 @@ with code 2. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -44,10 +45,13 @@ def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> No
     try:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
         os.replace(tmp, out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise TravorderError(f"cannot write {what} {str(path)!r}: "
-                             f"{exc.strerror or exc}") from None
+    except BaseException as exc:  # Ctrl-C too: no temporary file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise TravorderError(f"cannot write {what} {str(path)!r}: "
+                                 f"{exc.strerror or exc}") from None
+        raise
 
 
 def check_seed(seed: Any) -> int:

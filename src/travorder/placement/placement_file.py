@@ -96,8 +96,7 @@ def _read(path: Path) -> dict[str, Any]:
         raise FormatError(f"{str(path)!r} is not a placement file: invalid JSON ({exc})"
                           ) from None
     check_format(doc, str(path), FORMAT, FORMAT_VERSION, "placement file")
-    for key, kind in (("graph", dict), ("cluster", dict), ("devices", list),
-                      ("placement", dict)):
+    for key, kind in (("graph", dict), ("devices", list), ("placement", dict)):
         if not isinstance(doc.get(key), kind):
             raise FormatError(f"placement file {str(path)!r} lacks a valid {key!r} entry")
     return doc

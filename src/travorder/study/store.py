@@ -167,6 +167,8 @@ class ResultStore:
                     self.connection.execute(
                         "INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
         except sqlite3.DatabaseError as exc:
+            if hasattr(self, "connection"):
+                self.connection.close()
             raise FormatError(f"{self.path}: not a travorder result store ({exc})") from None
 
     def _check_foreign(self, create: bool) -> None:
