@@ -115,11 +115,12 @@ class OpGraph:
 
         try:
             raw = [np.asarray(x).reshape(-1) for x in (src, dst)]
-            src_a, dst_a = (r.astype(np.int64) for r in raw)
+            src_a, dst_a = (r.astype(np.int64, copy=False) for r in raw)
         except (TypeError, ValueError, OverflowError) as exc:
             raise GraphError(f"edge endpoints must be node indices: {exc}") from None
         for r, a in zip(raw, (src_a, dst_a), strict=True):
-            if r.size and (r.dtype.kind == "b" or np.any(r != a)):  # 1.5 is not node 1
+            # Integer arrays (every graph travorder builds) need no check; 1.5 is not node 1.
+            if r.size and r.dtype.kind not in "iu" and (r.dtype.kind == "b" or np.any(r != a)):
                 bad = 0 if r.dtype.kind == "b" else int(np.flatnonzero(r != a)[0])
                 raise GraphError(f"edge endpoints must be node indices (integers), got "
                                  f"{r[bad].item()!r} for edge {bad}")
