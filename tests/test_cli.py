@@ -332,6 +332,11 @@ def test_unknown_command_and_placer_get_one_line(capsys):
     assert info.value.code == 2 and err.count("\n") == 1 and "invalid choice" in err
     _one_line_error(capsys, ["model", "show", "--placer", "nope"], "unknown placer")
     _one_line_error(capsys, ["model", "reset", "--placer", "nope"], "unknown placer")
+    with pytest.raises(SystemExit) as info:  # the command's own help, not the top one's
+        main(["model", "show", "--bogus"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err == ("error: unrecognized arguments: --bogus "
+                                            "(see travorder model show --help)\n")
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
@@ -372,6 +377,19 @@ def test_a_file_system_error_gets_one_line_and_leaves_no_file(capsys, model, tmp
     monkeypatch.setattr(Path, "mkdir", broken)
     with pytest.raises(OSError, match="Input/output error"):
         run(capsys, "study", "report", "bundled:rl", "--out", str(tmp_path / "r"))
+
+
+def test_writing_through_a_link_keeps_the_link_and_the_permissions(tmp_path):
+    from travorder.errors import write_file
+
+    target, link = tmp_path / "cluster.json", tmp_path / "link.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    link.symlink_to(target)
+    write_file(link, "new", "cluster")
+    assert link.is_symlink() and target.read_text() == "new"
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json", "link.json"]
 
 
 def test_recommend_with_an_unknown_placer_gets_one_line(capsys, model):

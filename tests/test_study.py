@@ -134,6 +134,25 @@ def test_an_address_needs_the_ray_backend(tmp_path):
     assert not (tmp_path / "s.sqlite").exists()
 
 
+def test_ray_at_an_address_that_does_not_answer_is_one_error_without_a_store(tmp_path):
+    pytest.importorskip("ray")
+    with pytest.raises(TravorderError, match=r"cannot connect to Ray at '127\.0\.0\.1:1': "
+                                             "Connection refused"):
+        run_study(StudySpec.from_dict(SMALL), tmp_path / "s.sqlite", backend="ray",
+                  address="127.0.0.1:1")
+    assert not (tmp_path / "s.sqlite").exists()
+
+
+def test_a_finished_study_needs_no_ray(tmp_path, monkeypatch):
+    from travorder.study import runner
+
+    store = tmp_path / "s.sqlite"
+    run_study(spec(), store, progress=False)
+    monkeypatch.setattr(runner, "_start_ray", None)  # called: a TypeError
+    again = run_study(spec(), store, backend="ray", address="127.0.0.1:1", progress=False)
+    assert again.skipped == again.total and again.ran == 0
+
+
 def test_spec_missing_setting_and_file(tmp_path):
     doc = {k: v for k, v in SMALL.items() if k != "placer"}
     with pytest.raises(TravorderError, match="missing setting 'placer'"):

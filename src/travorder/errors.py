@@ -39,11 +39,14 @@ def read_text(path: str | os.PathLike[str], what: str) -> str:
 def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> None:
     """Write ``data`` to ``path`` through a temporary file beside it, so an error never
     leaves half a file (nor the temporary one); a `TravorderError` naming ``what`` if the
-    file cannot be written."""
-    out = Path(path)
+    file cannot be written. A symbolic link stays one (its target is written), and a file
+    written again keeps its permissions."""
+    out = Path(os.path.realpath(path))
     tmp = out.with_name(out.name + ".tmp")
     try:
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        if out.exists():
+            os.chmod(tmp, out.stat().st_mode & 0o7777)
         os.replace(tmp, out)
     except BaseException as exc:  # Ctrl-C too: no temporary file left behind
         with contextlib.suppress(OSError):

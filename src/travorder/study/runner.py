@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import sys
 import threading
 import time
@@ -187,6 +188,13 @@ def _start_ray(n_workers: int, address: str | None) -> bool:
                              ) from None
     if ray.is_initialized():
         return False
+    host, _, port = address.removeprefix("ray://").rpartition(":") if address else ("", "", "")
+    if host and port.isdigit():  # Ray itself waits minutes for an address that never answers
+        try:
+            socket.create_connection((host, int(port)), timeout=10).close()
+        except OSError as exc:
+            raise TravorderError(f"cannot connect to Ray at {address!r}: "
+                                 f"{exc.strerror or exc}") from None
     try:
         if address is None:
             ray.init(num_cpus=n_workers, include_dashboard=False, log_to_driver=False)
@@ -195,6 +203,14 @@ def _start_ray(n_workers: int, address: str | None) -> bool:
     except ConnectionError as exc:
         raise TravorderError(f"cannot connect to Ray at {address!r}: {exc}") from None
     return True
+
+
+def _all_done(store_path: str | os.PathLike[str], jobs: list[Job]) -> bool:
+    """Whether the store at ``store_path`` exists and has every one of ``jobs`` done."""
+    if not Path(store_path).is_file():
+        return False
+    with ResultStore(store_path) as store:
+        return not {j.job_id for j in jobs} - store.done_ids()
 
 
 def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters
@@ -258,7 +274,9 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
     all_jobs = spec_jobs(spec, graphs)
     _preflight(spec)  # before the store is touched: a bad spec leaves nothing behind
     with contextlib.ExitStack() as cleanup:
-        if backend == "ray" and _start_ray(jobs, address):  # no Ray: no store either
+        # No Ray: no store either; and no Ray started when every job is done already.
+        if backend == "ray" and not _all_done(store_path, all_jobs) and _start_ray(
+                jobs, address):
             cleanup.callback(sys.modules["ray"].shutdown)
         store = cleanup.enter_context(ResultStore(store_path))
         store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
