@@ -47,6 +47,22 @@ def test_the_search_starts_feasible_and_ends_feasible(memory: str) -> None:
     assert run.best_curve[-1] == run.step_time_us
 
 
+def test_the_heuristic_starts_are_simulated_once_per_search() -> None:
+    env = PlacementEnv(GRAPH, squeezed(GRAPH, 0.5), traversal_order(GRAPH, "topo_lifo"),
+                       memory="penalty")  # penalty: no simulations for the masks
+    at_start, start_best = env.simulations, env.best_step_us
+    assert at_start == 1 + len(feasible_starts(GRAPH, env.cluster))
+    env.reset(seed=0)  # a fresh environment has its starts already
+    assert env.simulations == at_start
+    for d in (1, 2) * (len(env.order) // 2):  # an episode that moves ops about
+        *_, done, _, _ = env.step(d)
+        if done:
+            break
+    before = env.simulations
+    env.reset(seed=1)  # a new search: the best placement found is forgotten
+    assert env.simulations == before + at_start and env.best_step_us == start_best
+
+
 def test_the_mask_falls_back_to_the_devices_that_overflow_least() -> None:
     # one op with 300 B of training state; devices of 250, 280 and 250 B: none fits
     g = OpGraph(["a"], [], [], time_us=[10.0], param_bytes=[100.0])

@@ -18,8 +18,10 @@ from travorder.datasets.synthetic import chain
 from travorder.errors import GraphError, TravorderError
 from travorder.graph import OpGraph, training_graph
 from travorder.graph.batch import scale_batch
+from travorder.graph.coarsen import coarsen
 from travorder.graph.pipeline import expand_order, micro_batch_graph, pipeline_graph
 from travorder.placement import Simulator, load_cluster, place_graph, traversal_order
+from travorder.placement.orders import ORDERS, TOPOLOGICAL_ORDERS
 from travorder.placement.placers.heuristics import single
 from travorder.study import run_study
 from travorder.study.export import dataset_frame
@@ -109,6 +111,29 @@ def test_pipeline_bad_input():
             pipeline_graph(t, m)
     with pytest.raises(GraphError, match="already pipelined"):
         pipeline_graph(pipeline_graph(t, 2), 2)
+    with pytest.raises(GraphError, match="pipelined forward graph: expand the training"):
+        training_graph(pipeline_graph(chain(0, n_layers=2), 2))
+
+
+def test_pipelines_accumulate_whatever_the_colocation_ids():
+    g = OpGraph(["a", "b"], [0], [1], flops=[1.0, 1.0], param_bytes=[4.0, 0.0])
+    small, huge = (pipeline_graph(training_graph(g.replace(colocation=[c, -1])), 2)
+                   for c in (0, 10**12))  # ids index no array
+    assert huge.n_edges == small.n_edges == 2 * 4 + 1  # a_grad/mb0 -> a_grad/mb1
+
+
+@pytest.mark.parametrize("max_nodes", [8, 9, 17])
+def test_a_coarsened_or_reordered_pipeline_gets_sound_orders_or_an_error(max_nodes):
+    p = pipeline_graph(training_graph(chain(0, n_layers=3)), 2)
+    c = coarsen(p, max_nodes).graph  # no longer laid out by micro-batch: a plain graph
+    for name in ORDERS:
+        order = traversal_order(c, name)
+        position = np.empty(c.n_nodes, dtype=np.int64)
+        position[order] = np.arange(c.n_nodes)
+        assert sorted(order.tolist()) == list(range(c.n_nodes))
+        assert name not in TOPOLOGICAL_ORDERS or (position[c.src] < position[c.dst]).all()
+    with pytest.raises(GraphError, match="not laid out as pipeline_graph lays them out"):
+        traversal_order(p.permute(np.arange(p.n_nodes)[::-1]), "topo")
 
 
 # ------------------------------------------------------------------ batch
@@ -133,6 +158,8 @@ def test_batch_bad_input():
             scale_batch(g, b)
     with pytest.raises(GraphError, match="records no batch_size"):
         scale_batch(OpGraph(["a"], [], []), 8)
+    with pytest.raises(GraphError, match=r"is a training step .* scale the forward graph"):
+        scale_batch(_train(g), 8)  # its weight gradients would scale with the batch
 
 
 # ------------------------------------------------------------------ memory and floor

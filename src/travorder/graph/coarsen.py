@@ -70,6 +70,7 @@ import numpy as np
 
 from travorder.errors import GraphError
 from travorder.graph.opgraph import OpGraph, _frozen
+from travorder.graph.pipeline import unpipelined_meta
 
 #: Op types (compared case-insensitively) that phase 1 fuses into their producer.
 FUSIBLE_OP_TYPES = frozenset(
@@ -407,7 +408,8 @@ def _group_graph(g: OpGraph, group_of: np.ndarray, max_nodes: int) -> OpGraph:
         colocation=_group_colocation(g.colocation, group_of, k),
         is_backward=g.is_backward[costliest],
         edge_bytes=np.bincount(pair_inv, weights=nbytes, minlength=pair.size),
-        meta={**g.meta, "coarsened_from_nodes": n, "coarsened_max_nodes": max_nodes},
+        meta={**unpipelined_meta(g.meta), "coarsened_from_nodes": n,
+              "coarsened_max_nodes": max_nodes},
     )
 
 

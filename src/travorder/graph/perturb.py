@@ -10,7 +10,9 @@ each factor drawn independently from a mean-preserving log-normal distribution:
 relative standard deviation ``sqrt(exp(sigma**2) - 1)`` (0.20 for ``sigma = 0.2``,
 0.53 for ``sigma = 0.5``): ``op_noise`` and ``edge_noise`` are the ``sigma`` of the op and
 edge factors. A noise of 0 leaves those costs exactly as they were; the structure,
-names, output and parameter bytes (what the memory model counts) never change.
+names, output and parameter bytes never change. Edge noise scatters the bytes each
+transfer moves, and the simulator counts a received copy at its edge's bytes
+(docs/simulator.md), so it moves the memory of received copies too.
 
 The draws come from a generator seeded with ``seed`` and the graph's hash, so the same
 graph and seed always give the same costs and two graphs do not share one pattern of

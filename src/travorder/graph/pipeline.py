@@ -54,6 +54,12 @@ def micro_batches(g: OpGraph) -> int:
     return int(g.meta.get("micro_batches", 1))
 
 
+def unpipelined_meta(meta: dict[str, object]) -> dict[str, object]:
+    """``meta`` without the micro-batch count: that of a graph derived from a pipelined
+    one whose nodes no longer have the pipeline's layout (micro-batch 0, a coarsening)."""
+    return {k: v for k, v in meta.items() if k != "micro_batches"}
+
+
 def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
     """``g`` (a training step) as a pipeline of ``m`` micro-batches (module docstring)."""
     if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
@@ -69,11 +75,12 @@ def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
         names = [f"{x}{MICRO_BATCH_SEP}{k:0{width}d}" for k in range(m) for x in names]
     offsets = np.repeat(np.arange(m, dtype=np.int64) * n, g.n_edges)
 
-    group_params = np.zeros(int(coloc.max(initial=-1)) + 1)
-    np.add.at(group_params, coloc[coloc >= 0], g.param_bytes[coloc >= 0])
-    accumulates = g.is_backward & (coloc >= 0)
-    accumulates[accumulates] = group_params[coloc[accumulates]] > 0
-    acc = np.flatnonzero(accumulates)
+    grouped = coloc >= 0
+    _, group = np.unique(coloc[grouped], return_inverse=True)  # any ids, however large
+    in_group_with_params = np.zeros(n, dtype=bool)
+    in_group_with_params[grouped] = np.bincount(group, weights=g.param_bytes[grouped])[
+        group] > 0
+    acc = np.flatnonzero(g.is_backward & in_group_with_params)
     acc_src = (np.arange(m - 1, dtype=np.int64)[:, None] * n + acc).ravel()
 
     meta = dict(g.meta)
@@ -101,15 +108,23 @@ def micro_batch_graph(p: OpGraph) -> OpGraph:
     m = micro_batches(p)
     if m == 1:
         return p
-    n = p.n_nodes // m
+    n, rest = divmod(p.n_nodes, m)
+    width = len(str(m - 1))
+    cut = len(MICRO_BATCH_SEP) + width
+    first, last = p.names[:n].tolist(), p.names[p.n_nodes - n:].tolist()
+    tags = f"{MICRO_BATCH_SEP}{0:0{width}d}", f"{MICRO_BATCH_SEP}{m - 1:0{width}d}"
+    if rest or not all(a.endswith(tags[0]) and b.endswith(tags[1]) and a[:-cut] == b[:-cut]
+                       for a, b in zip(first, last, strict=True)):
+        raise GraphError(f"graph {p.name!r} says it is pipelined over {m} micro-batches, but "
+                         f"its nodes are not laid out as pipeline_graph lays them out (copy "
+                         f"k of node i at index k * n + i)")
     keep = (p.src < n) & (p.dst < n)
-    cut = len(MICRO_BATCH_SEP) + len(str(m - 1))
-    meta = {k: v for k, v in p.meta.items() if k != "micro_batches"}
     return OpGraph(
-        [x[:-cut] for x in p.names[:n].tolist()], p.src[keep], p.dst[keep],
+        [x[:-cut] for x in first], p.src[keep], p.dst[keep],
         op_types=p.op_types[:n], flops=p.flops[:n], output_bytes=p.output_bytes[:n],
         param_bytes=p.param_bytes[:n], time_us=p.time_us[:n], colocation=p.colocation[:n],
-        is_backward=p.is_backward[:n], edge_bytes=p.edge_bytes[keep], meta=meta,
+        is_backward=p.is_backward[:n], edge_bytes=p.edge_bytes[keep],
+        meta=unpipelined_meta(p.meta),
     )
 
 

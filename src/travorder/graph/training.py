@@ -38,6 +38,7 @@ import numpy as np
 
 from travorder.errors import GraphError
 from travorder.graph.opgraph import OpGraph, own_groups
+from travorder.graph.pipeline import micro_batches
 
 #: Suffix of a backward op's name (a number is appended if it would clash).
 GRAD_SUFFIX = "_grad"
@@ -65,6 +66,9 @@ def training_graph(g: OpGraph, *, backward_flops_factor: float = 2.0) -> OpGraph
         )
     if g.is_backward.any():
         return g
+    if micro_batches(g) > 1:
+        raise GraphError(f"graph {g.name!r} is a pipelined forward graph: expand the "
+                         f"training step first, then pipeline it")
     n = g.n_nodes
     names = g.names.tolist()
     suffix = _grad_suffix(names)

@@ -358,7 +358,9 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
 def _own_families(data: Any) -> Any:
     """``data`` with each graph that has no family (a study's file that names none)
     as a family of its own, named as the graph."""
-    return data.assign(family=data["family"].fillna(data["graph"]))
+    # as the graph names' type first: a column with no family at all is of floats (NaN)
+    family = data["family"].astype(data["graph"].dtype)
+    return data.assign(family=family.fillna(data["graph"]))
 
 
 def row_graph(row: Any) -> OpGraph | None:

@@ -19,13 +19,13 @@ members get a one-device mask and change nothing.
 Memory (``memory``):
 
 * ``"mask"`` (default): a device is allowed only if the placement stays feasible (peak
-  memory within every device's capacity). If no device is, all are allowed. A step can
-  therefore never turn a feasible placement infeasible. When even the worst case (every
-  parameter, every output and one copy of every tensor on one device) fits the smallest
-  device, every placement is feasible and nothing is simulated for the mask; otherwise
-  the candidate placements are simulated as one batch and the chosen one's step time is
-  reused (the candidate that leaves the node where it is is the present placement, whose
-  result is known and not simulated again).
+  memory within every device's capacity). If no device is, those that overflow least
+  are. A step can therefore never turn a feasible placement infeasible. When even the
+  worst case (`worst_case_memory`: every parameter and every tensor on one device) fits
+  the smallest device, every placement is feasible and nothing is simulated for the
+  mask; otherwise the candidate placements are simulated as one batch and the chosen
+  one's step time is reused (the candidate that leaves the node where it is is the
+  present placement, whose result is known and not simulated again).
 * ``"penalty"``: every device is allowed and the cost of an infeasible placement is
   ``step_time * (1 + memory_penalty * overflow)``, ``overflow`` being the largest
   ``(peak - capacity) / capacity`` over the devices.
@@ -56,8 +56,9 @@ MEMORY_MODES = ("mask", "penalty")
 
 
 def worst_case_memory(graph: OpGraph, cluster: Cluster) -> float:
-    """Bytes one device would hold if it had every op's parameters and output, and one
-    copy of every tensor sent to it: an upper bound on any device's peak, any placement.
+    """Bytes one device would hold if it had every op's parameters and, of every op, the
+    larger of its output and its largest sent tensor (a device holds a tensor or one
+    received copy of it, never both): an upper bound on any device's peak, any placement.
     """
     largest_edge = np.zeros(graph.n_nodes)
     np.maximum.at(largest_edge, graph.src, graph.edge_bytes)
@@ -168,6 +169,7 @@ class PlacementEnv(gym.Env):
         return self._cost(step, feasible, over), step, feasible, over
 
     def _restart(self) -> None:
+        self._fresh = True  # no episode since: a seeded reset need not start over
         self.best_placement = np.zeros(self.graph.n_nodes, dtype=np.int64)
         (self.best_cost, self.best_step_us, self.best_feasible,
          self.best_overflow) = self._evaluate(self.best_placement)
@@ -226,8 +228,9 @@ class PlacementEnv(gym.Env):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None
               ) -> tuple[dict[str, Any], dict[str, Any]]:
         super().reset(seed=seed)
-        if seed is not None:
+        if seed is not None and not self._fresh:
             self._restart()
+        self._fresh = False
         self.placement = self.best_placement.copy()
         self.cost, self.step_us = self.best_cost, self.best_step_us
         self.feasible, self.overflow = self.best_feasible, self.best_overflow
