@@ -158,7 +158,7 @@ def test_batch_bad_input():
             scale_batch(g, b)
     with pytest.raises(GraphError, match="records no batch_size"):
         scale_batch(OpGraph(["a"], [], []), 8)
-    with pytest.raises(GraphError, match=r"is a training step .* scale the forward graph"):
+    with pytest.raises(GraphError, match=r"is a training step .* scale its forward graph"):
         scale_batch(_train(g), 8)  # its weight gradients would scale with the batch
 
 

@@ -38,8 +38,9 @@ def scale_batch(g: OpGraph, batch: int) -> OpGraph:
     if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
         raise GraphError(f"batch must be an integer >= 1, got {batch!r}")
     if g.is_backward.any():  # which backward outputs are weight gradients is not known
-        raise GraphError(f"graph {g.name!r} is a training step (it has backward ops): "
-                         f"scale the forward graph to batch {batch}, then expand it")
+        raise GraphError(f"graph {g.name!r} is a training step (it has backward ops), "
+                         f"whose weight gradients do not scale: scale its forward graph to "
+                         f"batch {batch} instead")
     exported = g.meta.get("batch_size")
     if not exported:
         raise GraphError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
