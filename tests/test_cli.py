@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -390,6 +391,22 @@ def test_writing_through_a_link_keeps_the_link_and_the_permissions(tmp_path):
     assert link.is_symlink() and target.read_text() == "new"
     assert target.stat().st_mode & 0o777 == 0o640
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cluster.json", "link.json"]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_pipe_or_device_is_written_into_not_replaced(tmp_path, capsys, model):
+    import threading
+
+    pipe = tmp_path / "out.json"
+    os.mkfifo(pipe)
+    received: list[bytes] = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    code, _, _ = run(capsys, "place", model, "-o", str(pipe))
+    reader.join(timeout=30)
+    assert code == 0 and pipe.is_fifo() and json.loads(received[0])["format"] == (
+        "travorder.placement")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
 
 
 def test_recommend_with_an_unknown_placer_gets_one_line(capsys, model):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from travorder.errors import FormatError, GraphError
+from travorder.errors import FormatError, GraphError, TravorderError
 from travorder.graph import OpGraph, load_graph, save_graph
 from travorder.graph.native import FORMAT_VERSION, graph_to_dict
 
@@ -134,6 +134,53 @@ def test_bad_files(tmp_path, content, message):
     path.write_bytes(content)
     with pytest.raises(FormatError, match=message):
         load_graph(path)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (("nodes", "colocation", ["x", "y", "z", "w"]), "'nodes.colocation' must be a list of "
+                                                    "integers"),
+    (("nodes", "colocation", [None, -1, -1, -1]), "'nodes.colocation' must be a list of int"),
+    (("nodes", "is_backward", ["no"] * 4), "'nodes.is_backward' must be a list of true or"),
+    (("nodes", "flops", ["1", "x", 1, 1]), "'nodes.flops' must be a list of numbers"),
+    (("nodes", "name", [1, 2, 3, 4]), "'nodes.name' must be a list of strings"),
+    (("edges", "src", [0.5, 0, 1, 2]), "'edges.src' must be a list of integers"),
+    (("nodes", "flops", None), "'nodes.flops' must be a list of numbers"),
+    ((None, "nodes", [1, 2]), "missing field 'nodes.name'"),
+    ((None, "meta", "abc"), "field 'meta' is not an object"),
+    ((None, "nodes", {c: [] for c in ("name", "op_type", "flops", "output_bytes",
+                                      "param_bytes", "time_us", "colocation",
+                                      "is_backward")}), "graph has no nodes"),
+    (("nodes", "flops", [-1.0, 1.0, 1.0, 1.0]), r"bad\.json\.gz: .*flops"),
+])
+def test_bad_fields_of_a_native_graph_get_one_line_naming_them(tmp_path, capsys, change,
+                                                               message):
+    doc = graph_to_dict(diamond())
+    table, key, value = change
+    (doc if table is None else doc[table])[key] = value
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    with pytest.raises(TravorderError, match=message):
+        load_graph(path)
+    from travorder.cli import main
+
+    assert main(["info", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+
+
+def test_misnamed_files_are_read_by_their_content(tmp_path):
+    from travorder.datasets.onnx_examples import residual_cnn
+
+    onnx_named_json = tmp_path / "model.json"  # onnx would parse it as JSON protobuf
+    onnx_named_json.write_bytes(residual_cnn().SerializeToString())
+    assert load_graph(onnx_named_json).n_nodes == len(residual_cnn().graph.node)
+    for name in ("hello.json", "hello.textproto", "hello.onnxtxt"):
+        (tmp_path / name).write_text("hello")
+        with pytest.raises(FormatError, match="not an ONNX model"):
+            load_graph(tmp_path / name)
+    with_bom = tmp_path / "bom.json"  # as some Windows editors save JSON
+    with_bom.write_bytes(b"\xef\xbb\xbf" + json.dumps(graph_to_dict(diamond())).encode())
+    assert load_graph(with_bom) == diamond()
 
 
 def test_missing_file(tmp_path):

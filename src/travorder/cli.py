@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,8 +47,13 @@ def _check_out(path: str | None) -> None:
         raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
     if out.is_dir():
         raise TravorderError(f"{path!r} is a directory, not a file")
+    target = Path(os.path.realpath(out))  # what `write_file` writes
+    if target.exists() and not target.is_file():  # a device or a pipe: written into
+        if not os.access(target, os.W_OK):
+            raise TravorderError(f"cannot write {path!r}: Permission denied")
+        return
     try:  # what writing will need: a new file beside it
-        with tempfile.TemporaryFile(dir=out.parent):
+        with tempfile.TemporaryFile(dir=target.parent):
             pass
     except OSError as exc:
         raise TravorderError(f"cannot write {path!r}: {exc.strerror or exc}") from None

@@ -42,9 +42,17 @@ def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> No
     file cannot be written. A symbolic link stays one (its target is written), and a file
     written again keeps its permissions."""
     out = Path(os.path.realpath(path))
+    payload = data.encode() if isinstance(data, str) else data
+    if out.exists() and not out.is_file() and not out.is_dir():  # /dev/null, a pipe:
+        try:  # written into, never replaced
+            with out.open("wb") as f:
+                f.write(payload)
+        except OSError as exc:
+            raise _cannot_write(path, what, exc) from None
+        return
     tmp = out.with_name(out.name + ".tmp")
     try:
-        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+        tmp.write_bytes(payload)
         if out.exists():
             os.chmod(tmp, out.stat().st_mode & 0o7777)
         os.replace(tmp, out)
@@ -52,9 +60,12 @@ def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> No
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            raise TravorderError(f"cannot write {what} {str(path)!r}: "
-                                 f"{exc.strerror or exc}") from None
+            raise _cannot_write(path, what, exc) from None
         raise
+
+
+def _cannot_write(path: str | os.PathLike[str], what: str, exc: OSError) -> TravorderError:
+    return TravorderError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}")
 
 
 def check_seed(seed: Any) -> int:

@@ -18,6 +18,7 @@ from travorder.graph.opgraph import OpGraph
 GraphSource = str | os.PathLike[str] | OpGraph
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_UTF8_BOM = b"\xef\xbb\xbf"
 
 
 def sniff_format(path: str | os.PathLike[str]) -> str:
@@ -39,7 +40,7 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
         raise FormatError(f"{p}: empty file")
     if head.startswith(_GZIP_MAGIC):
         return "native"
-    if head.lstrip()[:1] in (b"{", b"["):
+    if head.removeprefix(_UTF8_BOM).lstrip()[:1] in (b"{", b"["):
         return "json"
     return "onnx"
 
@@ -69,7 +70,7 @@ def _load_json(path: Path) -> OpGraph:
     from travorder.graph.dnn_partitioning import from_dnn_partitioning, is_dnn_partitioning
 
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(path.read_text(encoding="utf-8-sig"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(doc, dict) and "format" in doc:

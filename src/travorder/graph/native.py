@@ -20,7 +20,9 @@ import os
 import zlib
 from typing import Any
 
-from travorder.errors import FormatError, check_format, write_file
+import numpy as np
+
+from travorder.errors import FormatError, GraphError, check_format, write_file
 from travorder.graph.opgraph import OpGraph
 
 FORMAT_NAME = "travorder.opgraph"
@@ -44,21 +46,52 @@ def graph_to_dict(g: OpGraph) -> dict[str, Any]:
 
 
 def graph_from_dict(doc: Any, source: str = "document") -> OpGraph:
-    """Inverse of :func:`graph_to_dict`; checks format name and version."""
+    """Inverse of :func:`graph_to_dict`; checks the format name and version, and each
+    field's type (a `FormatError` naming the field)."""
     check_format(doc, source, FORMAT_NAME, FORMAT_VERSION, "graph")
+    meta = doc.get("meta") or {}
+    if not isinstance(meta, dict):
+        raise FormatError(f"{source}: graph field 'meta' is not an object")
+    nodes = {c: _column(doc, "nodes", c, source) for c in _NODE_COLUMNS}
+    edges = {c: _column(doc, "edges", c, source) for c in _EDGE_COLUMNS}
+    if not nodes["name"].size:
+        raise FormatError(f"{source}: graph has no nodes")
     try:
-        nodes, edges = doc["nodes"], doc["edges"]
-        names = nodes["name"]
-        return OpGraph(
-            names, edges["src"], edges["dst"],
-            op_types=nodes["op_type"], flops=nodes["flops"],
-            output_bytes=nodes["output_bytes"], param_bytes=nodes["param_bytes"],
-            time_us=[float("nan") if t is None else t for t in nodes["time_us"]],
-            colocation=nodes["colocation"], is_backward=nodes["is_backward"],
-            edge_bytes=edges["bytes"], meta=doc.get("meta") or {},
-        )
-    except (KeyError, TypeError) as exc:
-        raise FormatError(f"{source}: travorder graph is missing field {exc}") from None
+        return OpGraph(nodes["name"], edges["src"], edges["dst"], op_types=nodes["op_type"],
+                       flops=nodes["flops"], output_bytes=nodes["output_bytes"],
+                       param_bytes=nodes["param_bytes"], time_us=nodes["time_us"],
+                       colocation=nodes["colocation"], is_backward=nodes["is_backward"],
+                       edge_bytes=edges["bytes"], meta=meta)
+    except GraphError as exc:
+        raise GraphError(f"{source}: {exc}") from None
+
+
+#: Per column: the numpy dtype kind its values must have, and what that is in words.
+_KINDS = {"name": ("U", "strings"), "op_type": ("U", "strings"), "colocation": ("i", "integers"),
+          "is_backward": ("b", "true or false"), "src": ("i", "integers"),
+          "dst": ("i", "integers")}
+_EDGE_COLUMNS = ("src", "dst", "bytes")
+
+
+def _column(doc: dict[str, Any], table: str, column: str, source: str) -> np.ndarray:
+    """Column ``column`` of table ``table`` of graph document ``doc``, as an array of the
+    kind `_KINDS` says (default: numbers, ``null`` read as NaN)."""
+    field = f"{table}.{column}"
+    if not isinstance(doc.get(table), dict) or column not in doc[table]:
+        raise FormatError(f"{source}: travorder graph is missing field {field!r}")
+    values = doc[table][column]
+    kind, words = _KINDS.get(column, ("f", "numbers"))
+    if not isinstance(values, list) or (kind in "Ub" and not all(
+            isinstance(x, str if kind == "U" else bool) for x in values)):
+        raise FormatError(f"{source}: graph field {field!r} must be a list of {words}")
+    try:
+        array = np.asarray(values, dtype=float if kind == "f" else None)
+    except (TypeError, ValueError):
+        array = None
+    if array is None or array.ndim != 1 or (array.size and kind in "if"
+                                             and array.dtype.kind not in kind):
+        raise FormatError(f"{source}: graph field {field!r} must be a list of {words}")
+    return array.astype(np.int64) if kind == "i" else array
 
 
 def save_graph(g: OpGraph, path: str | os.PathLike[str]) -> None:

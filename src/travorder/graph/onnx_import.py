@@ -117,7 +117,9 @@ def _load(source: OnnxSource) -> tuple[ModelProto, str]:
         if fmt != "onnx":
             kind = {"native": "a travorder graph file", "json": "a JSON file"}[fmt]
             raise FormatError(f"{where}: not an ONNX model (it is {kind})")
-        model = _parse(lambda: onnx.load(source, load_external_data=False), where)
+        # binary protobuf whatever the name (onnx picks a text parser for .json names)
+        model = _parse(lambda: onnx.load(source, format="protobuf", load_external_data=False),
+                       where)
     if not model.graph.node:
         raise FormatError(f"{where}: not an ONNX model (no graph nodes)")
     return model, where
