@@ -161,3 +161,29 @@ def test_isolated_build_captures_errors_and_times_out():
 def test_build_rejects_bad_sizes():
     with pytest.raises(TravorderError, match="batch_size and seq_len must be positive"):
         build_zoo(None, models=[], batch_size=0)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf")])
+def test_build_rejects_bad_timeouts(timeout):
+    with pytest.raises(TravorderError, match="timeout must be a positive number of seconds"):
+        build_zoo(None, models=[], timeout_s=timeout)
+
+
+def test_build_checks_the_corpus_folder_and_the_libraries_first(tmp_path, monkeypatch):
+    toy = _fake("toy", _linear)
+    with pytest.raises(TravorderError, match="cannot make corpus folder .* No such file"):
+        build_zoo(tmp_path / "typo" / "corpus", models=[toy])
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(TravorderError, match="corpus .*afile' is not a folder"):
+        build_zoo(tmp_path / "afile", models=[toy])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    real = select_models(names=["resnet18"])
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name: None if name == "torchvision" else find_spec(name))
+    with pytest.raises(TravorderError, match="needs torch, torchvision; not installed here: "
+                                             "torchvision"):
+        build_zoo(tmp_path / "corpus", models=real)
+    assert not (tmp_path / "corpus").exists()

@@ -452,11 +452,6 @@ def cmd_zoo_build(args: argparse.Namespace) -> None:
     if (args.corpus is None) == (not args.into_bundled):
         raise TravorderError("zoo build writes to --corpus DIR, or with --into-bundled to "
                              "the installed package's corpus (one of the two)")
-    try:
-        import torch  # noqa: F401  (the zoo exports torch models)
-    except ImportError:
-        raise TravorderError("zoo build needs torch, torchvision, timm and transformers: "
-                             "see docs/zoo.md for the zoo environment") from None
     from travorder.datasets.corpus import bundled_corpus_dir
     from travorder.datasets.zoo import build_zoo
 

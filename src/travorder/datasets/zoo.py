@@ -34,8 +34,10 @@ True
 from __future__ import annotations
 
 import functools
+import importlib.util
 import io
 import json
+import math
 import multiprocessing
 import os
 import re
@@ -510,8 +512,6 @@ def _export(exporter: str, module: Any, args: tuple[Any, ...]) -> Any:
 
 
 def _versions(source: str) -> dict[str, str]:
-    import importlib
-
     libs = ("torch", *_SOURCE_MODULES.get(source, ()))
     return {lib: importlib.import_module(lib).__version__ for lib in libs}
 
@@ -655,10 +655,25 @@ def build_zoo(
     """
     if batch_size < 1 or seq_len < 1:
         raise TravorderError("batch_size and seq_len must be positive")
+    if timeout_s is not None and not 0 < timeout_s < math.inf:
+        raise TravorderError(f"the timeout must be a positive number of seconds, not "
+                             f"{timeout_s!r}")
     chosen = select_models(names, families, models)
+    needs = ["torch", *sorted({lib for m in chosen for lib in _SOURCE_MODULES.get(m.source,
+                                                                                   ())})]
+    if missing := [lib for lib in needs if importlib.util.find_spec(lib) is None]:
+        raise TravorderError(f"zoo build of these models needs {', '.join(needs)}; not "
+                             f"installed here: {', '.join(missing)} (docs/zoo.md: the zoo "
+                             f"environment)")
     root = None if corpus_dir is None else Path(corpus_dir)
     if root is not None:
-        root.mkdir(parents=True, exist_ok=True)
+        if root.exists() and not root.is_dir():
+            raise TravorderError(f"corpus {str(root)!r} is not a folder")
+        try:  # the corpus folder, not its parents: a typo should not make folders
+            root.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise TravorderError(f"cannot make corpus folder {str(root)!r}: "
+                                 f"{exc.strerror or exc}") from None
     _offline()
     ctx = _context(chosen) if timeout_s is not None else None
     graphs: list[OpGraph] = []
