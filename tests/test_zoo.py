@@ -171,10 +171,10 @@ def test_build_rejects_bad_timeouts(timeout):
 
 def test_build_checks_the_corpus_folder_and_the_libraries_first(tmp_path, monkeypatch):
     toy = _fake("toy", _linear)
-    with pytest.raises(TravorderError, match="cannot make corpus folder .* No such file"):
+    with pytest.raises(TravorderError, match=r"cannot make corpus folder .* No such file"):
         build_zoo(tmp_path / "typo" / "corpus", models=[toy])
     (tmp_path / "afile").write_text("")
-    with pytest.raises(TravorderError, match="corpus .*afile' is not a folder"):
+    with pytest.raises(TravorderError, match=r"corpus .*afile' is not a folder"):
         build_zoo(tmp_path / "afile", models=[toy])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
     real = select_models(names=["resnet18"])
