@@ -102,3 +102,14 @@ def test_bad_input(tmp_path):
         save_cluster(load_cluster("k80x3"), tmp_path / "c.yaml")
     with pytest.raises(TravorderError, match="cannot write cluster file"):
         save_cluster(load_cluster("k80x3"), tmp_path / "missing" / "c.toml")
+    with pytest.raises(TravorderError, match="unknown device 'cuda:-1'"):  # GPU or not
+        cal.calibrate(["cuda:-1"], sizes=cal.QUICK)
+    with pytest.raises(TravorderError, match="'meta' holds no data"):
+        cal.calibrate(["meta"], sizes=cal.QUICK)
+
+
+def test_a_bad_output_name_is_refused_before_measuring(tmp_path, monkeypatch):
+    monkeypatch.setattr(cal, "measure_device", None)  # measuring would be a TypeError
+    with pytest.raises(TravorderError, match=r"c\.txt' must end in \.toml or \.json"):
+        cal.calibrate(["cpu"], sizes=cal.QUICK, out=tmp_path / "c.txt")
+    assert list(tmp_path.iterdir()) == []

@@ -41,7 +41,13 @@ import numpy as np
 import torch
 
 from travorder.errors import TravorderError
-from travorder.placement.clusters import LINK_MODELS, Cluster, Device, save_cluster
+from travorder.placement.clusters import (
+    LINK_MODELS,
+    Cluster,
+    Device,
+    cluster_file_format,
+    save_cluster,
+)
 from travorder.placement.launch import check_device
 
 
@@ -171,6 +177,11 @@ def resolve_devices(devices: Sequence[str]) -> tuple[list[str], str | None]:
     if not devices:
         raise TravorderError("no devices given")
     wanted = [str(d).strip() for d in devices]
+    for d in wanted:  # a name torch does not know is refused, GPU or not
+        try:
+            torch.device(d)
+        except (RuntimeError, TypeError):
+            raise TravorderError(f"unknown device {d!r}") from None
     if not torch.cuda.is_available() and any(d.startswith("cuda") for d in wanted):
         note = (f"no GPU on this machine: calibrating {len(wanted)} CPU device"
                 f"{'s' if len(wanted) != 1 else ''} instead of {','.join(wanted)}")
@@ -196,6 +207,8 @@ def calibrate(devices: Sequence[str], *, sizes: Sizes | None = None, name: str |
     if link_model not in LINK_MODELS:  # before minutes of measuring, not after
         raise TravorderError(f"unknown link model {link_model!r} (expected one of "
                              f"{', '.join(LINK_MODELS)})")
+    if out is not None:
+        cluster_file_format(out)
     say = log or (lambda _: None)
     names, note = resolve_devices(devices)
     if note:

@@ -340,17 +340,19 @@ def cluster_toml(cluster: Cluster) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cluster_file_format(path: str | os.PathLike[str]) -> str:
+    """``"toml"`` or ``"json"``, as ``path`` ends; else a `TravorderError`."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise TravorderError(f"cluster file {str(path)!r} must end in .toml or .json")
+    return suffix[1:]
+
+
 def save_cluster(cluster: Cluster, path: str | os.PathLike[str]) -> None:
     """Write ``cluster`` as a ``.toml`` or ``.json`` cluster file."""
-    p = Path(path)
-    suffix = p.suffix.lower()
-    if suffix == ".toml":
-        text = cluster_toml(cluster)
-    elif suffix == ".json":
-        text = json.dumps(cluster.to_dict(), indent=2) + "\n"
-    else:
-        raise TravorderError(f"cluster file {str(p)!r} must end in .toml or .json")
-    write_file(p, text, "cluster file")
+    text = (cluster_toml(cluster) if cluster_file_format(path) == "toml"
+            else json.dumps(cluster.to_dict(), indent=2) + "\n")
+    write_file(path, text, "cluster file")
 
 
 def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:

@@ -87,6 +87,8 @@ def check_device(device: str | torch.device) -> str:
             raise TravorderError(f"device {str(device)!r} is not available: this machine "
                                  f"has {have}")
         return f"cuda:{index}"
+    if d.type == "meta":
+        raise TravorderError(f"device {str(device)!r} holds no data: it cannot run ops")
     if d.type != "cpu":
         try:
             torch.empty(0, device=d)
