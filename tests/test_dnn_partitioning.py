@@ -62,6 +62,8 @@ def test_names_fall_back_to_ids_and_repeated_edges_merge():
     g = from_dnn_partitioning(d)
     assert g.names.tolist() == ["0", "MatMul2", "74", "90"]
     assert g.n_edges == 3 and g.edge_bytes.tolist()[1] == 1572864.0  # largest kept
+    d["nodes"][1]["name"] = "74"  # a name that is another node's id
+    assert from_dnn_partitioning(d).names.tolist() == ["0", "74", "id74", "90"]
 
 
 def test_file_path_and_load_graph(tmp_path):
@@ -105,7 +107,17 @@ def _broken(change) -> dict:
     ("not the format", {"nodes": [{"id": 1}], "edges": []},
      FormatError, "not a dnn-partitioning graph"),
     ("negative latency", _broken(lambda d: d["nodes"][1].update(fpgaLatency=-1)),
-     GraphError, "time_us must be finite and non-negative"),
+     FormatError, "node 81 has fpgaLatency=-1, expected a number >= 0"),
+    ("latency too large", _broken(lambda d: d["nodes"][1].update(fpgaLatency=1e308)),
+     FormatError, "node 81's fpgaLatency is too large"),
+    ("latency a boolean", _broken(lambda d: d["nodes"][1].update(fpgaLatency=True)),
+     FormatError, "node 81 has fpgaLatency=True, expected a number"),
+    ("negative edge size", _broken(lambda d: d["edges"][0].update(size=-5)),
+     FormatError, "edge 0 has size=-5, expected a number >= 0"),
+    ("backward flag not 0 or 1", _broken(lambda d: d["nodes"][3].update(isBackwardNode=5)),
+     FormatError, "node 90 has isBackwardNode=5, expected true, false, 0 or 1"),
+    ("one node without latency", _broken(lambda d: d["nodes"][2].pop("fpgaLatency")),
+     FormatError, "node 74 has no 'fpgaLatency'"),
     ("cycle", _broken(lambda d: d["edges"].append({"sourceId": 90, "destId": 81, "cost": 0})),
      GraphError, "cycle"),
 ])
@@ -176,7 +188,7 @@ def test_a_forward_graph_keeps_its_layout_name():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    (lambda d: d["nodes"][2].update(colorClass=1), "2 forward partners"),
+    (lambda d: d["nodes"][2].update(colorClass=1), "backward node 11 has 2 forward partn"),
     (lambda d: d["nodes"][5].update(colorClass=-1), "0 forward partners"),
     (lambda d: d["edges"].__setitem__(3, {"sourceId": 12, "destId": 11, "cost": 0}),
      "do not mirror"),

@@ -5,14 +5,14 @@ A document is ``{"nodes": [...], "edges": [...]}`` plus cluster limits
 (``maxSizePerFPGA``, ``maxFPGAs``, ``maxCPUs``). Mapping:
 
 - node ``id`` -> a node named ``name`` when the node has one and it is unique, else
-  ``str(id)``;
+  ``str(id)`` (``id`` prefixed with ``"id"`` if another node is named so);
 - ``fpgaLatency`` (milliseconds on the accelerator; the format calls any accelerator an
   FPGA) -> ``time_us = fpgaLatency * 1000``, the measured latency that overrides the
   cost model. ``cpuLatency`` is not used; FLOPs and op types are not in the format and
   are left 0 and empty;
 - ``size`` (bytes the node's output takes on the accelerator) -> ``output_bytes``;
 - ``colorClass`` (nodes of one class must share a device) -> ``colocation``, -1 without;
-- ``isBackwardNode`` (boolean or 0/1) -> ``is_backward``;
+- ``isBackwardNode`` (true, false, 0 or 1) -> ``is_backward``;
 - edge ``sourceId``/``destId`` -> an edge carrying the edge's ``size`` in bytes, or the
   source node's ``size`` without one. ``cost`` (transfer time to CPU memory on the
   benchmark's own link) is not used: travorder's cluster model turns bytes into time.
@@ -59,12 +59,13 @@ _CLUSTER_KEYS = ("maxSizePerFPGA", "maxFPGAs", "maxCPUs")
 
 def is_dnn_partitioning(doc: Any) -> bool:
     """Whether a parsed JSON document looks like the dnn-partitioning format: an object
-    with ``nodes`` and ``edges`` lists whose nodes carry ``fpgaLatency``."""
+    with ``nodes`` and ``edges`` lists, a node carrying ``fpgaLatency`` (reading it
+    checks that every node does)."""
     if not isinstance(doc, dict):
         return False
     nodes, edges = doc.get("nodes"), doc.get("edges")
-    return (isinstance(nodes, list) and isinstance(edges, list) and bool(nodes)
-            and all(isinstance(n, dict) and "fpgaLatency" in n for n in nodes))
+    return (isinstance(nodes, list) and isinstance(edges, list)
+            and any(isinstance(n, dict) and "fpgaLatency" in n for n in nodes))
 
 
 def from_dnn_partitioning(
@@ -93,12 +94,16 @@ def from_dnn_partitioning(
     size = [_field(n, "size", float, source, w) for n, w in zip(nodes, where, strict=True)]
     color = [_field(n, "colorClass", int, source, w) if n.get("colorClass") is not None
              else -1 for n, w in zip(nodes, where, strict=True)]
-    backward = [bool(_field(n, "isBackwardNode", int, source, w)) if "isBackwardNode" in n
+    backward = [_field(n, "isBackwardNode", bool, source, w) if "isBackwardNode" in n
                 else False for n, w in zip(nodes, where, strict=True)]
+    if huge := next((w for w, t in zip(where, latency, strict=True)
+                     if not math.isfinite(t * 1000.0)), None):
+        raise FormatError(f"{source}: {huge}'s fpgaLatency is too large")
     labels = [str(n.get("name") or "") for n in nodes]
     counts = Counter(labels)
-    names = [lab if lab and counts[lab] == 1 else str(i) for lab, i in zip(labels, ids,
-                                                                           strict=True)]
+    unique = {lab for lab, c in counts.items() if lab and c == 1}
+    names = [lab if lab in unique else str(i) if str(i) not in unique else f"id{i}"
+             for lab, i in zip(labels, ids, strict=True)]
 
     pairs: dict[tuple[int, int], float] = {}
     for k, e in enumerate(doc["edges"]):
@@ -115,7 +120,7 @@ def from_dnn_partitioning(
 
     layout = "forward"
     if any(backward):
-        layout, pairs = _training_layout(pairs, backward, color, size, source)
+        layout, pairs = _training_layout(pairs, backward, color, size, ids, source)
     meta = {"name": Path(source).stem if source != "memory" else "dnn-partitioning",
             "source": source, "importer": "dnn-partitioning",
             "dnn_partitioning": {k: doc[k] for k in _CLUSTER_KEYS if k in doc},
@@ -128,7 +133,7 @@ def from_dnn_partitioning(
 
 
 def _training_layout(pairs: dict[tuple[int, int], float], backward: list[bool],
-                     color: list[int], size: list[float], source: str
+                     color: list[int], size: list[float], ids: list[int], source: str
                      ) -> tuple[str, dict[tuple[int, int], float]]:
     """``(layout, edges)`` of a training graph: ``"connected"`` edges as they are, or
     ``"mirrored"`` edges rebuilt into the training-step DAG (see the module docstring)."""
@@ -145,7 +150,7 @@ def _training_layout(pairs: dict[tuple[int, int], float], backward: list[bool],
             if len(match) != 1:
                 raise FormatError(
                     f"{source}: no edge joins the backward nodes to the forward nodes, and "
-                    f"backward node {k} has {len(match)} forward partners by colorClass "
+                    f"backward node {ids[k]} has {len(match)} forward partners by colorClass "
                     f"(needs one): cannot build the training step")
             partner[k] = match[0]
     mirrored = all((partner[u], partner[v]) in pairs for u, v in pairs if backward[u])
@@ -169,15 +174,17 @@ def _read_json(path: Path) -> Any:
 
 
 def _field(obj: dict[str, Any], key: str, kind: type, source: str, where: str) -> Any:
-    """``obj[key]`` as a finite ``kind`` (int or float; booleans count as 0/1), or a
-    one-line FormatError."""
+    """``obj[key]`` as an ``int``, a finite ``float`` >= 0 or a ``bool`` (true, false, 0 or
+    1), or a one-line FormatError."""
     if key not in obj:
         raise FormatError(f"{source}: {where} has no {key!r}")
     value = obj[key]
-    if (not isinstance(value, int | float) or not math.isfinite(value)
-            or (kind is int and value != int(value))):
-        raise FormatError(f"{source}: {where} has {key}={value!r}, expected a "
-                          f"{'whole number' if kind is int else 'number'}")
+    if not (isinstance(value, int | float) and (kind is bool or not isinstance(value, bool))
+            and math.isfinite(value) and (kind is not int or value == int(value))
+            and (kind is not float or value >= 0) and (kind is not bool or value in (0, 1))):
+        expected = {int: "a whole number", float: "a number >= 0",
+                    bool: "true, false, 0 or 1"}[kind]
+        raise FormatError(f"{source}: {where} has {key}={value!r}, expected {expected}")
     return kind(value)
 
 

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from travorder.errors import FormatError
+from travorder.errors import FormatError, GraphError
 from travorder.graph.native import graph_from_dict, load_native, save_graph
 from travorder.graph.opgraph import OpGraph
 
@@ -57,13 +57,16 @@ def load_graph(source: GraphSource) -> OpGraph:
     if isinstance(source, OpGraph):
         return source
     fmt = sniff_format(source)
-    if fmt == "native":
-        return load_native(source)
-    if fmt == "json":
-        return _load_json(Path(source))
-    from travorder.graph.onnx_import import read_onnx  # onnx is heavy: import on demand
+    try:
+        if fmt == "native":
+            return load_native(source)
+        if fmt == "json":
+            return _load_json(Path(source))
+        from travorder.graph.onnx_import import read_onnx  # onnx is heavy: on demand
 
-    return read_onnx(source)
+        return read_onnx(source)
+    except GraphError as exc:  # a cycle, a bad cost...: in which file
+        raise GraphError(f"{source}: {exc}") from None
 
 
 def _load_json(path: Path) -> OpGraph:

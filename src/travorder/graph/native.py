@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, GraphError, check_format, write_file
+from travorder.errors import FormatError, check_format, write_file
 from travorder.graph.opgraph import OpGraph
 
 FORMAT_NAME = "travorder.opgraph"
@@ -56,14 +56,11 @@ def graph_from_dict(doc: Any, source: str = "document") -> OpGraph:
     edges = {c: _column(doc, "edges", c, source) for c in _EDGE_COLUMNS}
     if not nodes["name"].size:
         raise FormatError(f"{source}: graph has no nodes")
-    try:
-        return OpGraph(nodes["name"], edges["src"], edges["dst"], op_types=nodes["op_type"],
-                       flops=nodes["flops"], output_bytes=nodes["output_bytes"],
-                       param_bytes=nodes["param_bytes"], time_us=nodes["time_us"],
-                       colocation=nodes["colocation"], is_backward=nodes["is_backward"],
-                       edge_bytes=edges["bytes"], meta=meta)
-    except GraphError as exc:
-        raise GraphError(f"{source}: {exc}") from None
+    return OpGraph(nodes["name"], edges["src"], edges["dst"], op_types=nodes["op_type"],
+                   flops=nodes["flops"], output_bytes=nodes["output_bytes"],
+                   param_bytes=nodes["param_bytes"], time_us=nodes["time_us"],
+                   colocation=nodes["colocation"], is_backward=nodes["is_backward"],
+                   edge_bytes=edges["bytes"], meta=meta)
 
 
 #: Per column: the numpy dtype kind its values must have, and what that is in words.
