@@ -61,6 +61,16 @@ def test_tree_without_split_and_header_fields():
     np.testing.assert_allclose(ens.raw_scores(np.ones((4, 2)))[:, 0], 3.0)
 
 
+def test_many_trees_without_a_split():
+    # three classes, three rows: every tree a single leaf (numpy reads "  " as one 0)
+    booster = lgb.train({"objective": "multiclass", "num_class": 3, "verbose": -1,
+                         "num_threads": 1}, lgb.Dataset(np.arange(3.0)[:, None], [0, 1, 2]), 2)
+    ens = TreeEnsemble.from_text(booster.model_to_string())
+    assert ens.num_trees == booster.num_trees() == 3  # LightGBM stops after one round
+    X = np.arange(3.0)[:, None]
+    np.testing.assert_allclose(ens.raw_scores(X), booster.predict(X, raw_score=True))
+
+
 @pytest.mark.parametrize(("edit", "message"), [
     (lambda t: t[: len(t) // 2], "truncated"),
     (lambda t: "not a model", "not a LightGBM text model"),

@@ -229,8 +229,11 @@ def _sizes(key: str, n_leaves: np.ndarray) -> np.ndarray:
 
 def _values(fields: dict[str, list[str]], key: str, dtype: type) -> np.ndarray:
     """All trees' ``key`` values, concatenated (counts are checked by `TreeEnsemble`)."""
+    text = " ".join(fields[key])
+    if not text.strip():  # no values at all (trees without splits): numpy would read one 0
+        return np.empty(0, dtype=dtype)
     try:  # the text parser: several times faster than numbers from a list of strings
-        return np.fromstring(" ".join(fields[key]), dtype=dtype, sep=" ")
+        return np.fromstring(text, dtype=dtype, sep=" ")
     except ValueError:
         raise ValueError(f"a value of {key} is not a number") from None
 
