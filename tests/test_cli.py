@@ -428,6 +428,40 @@ def test_report_of_missing_store_writes_nothing(capsys, tmp_path):
     assert not out.exists()
 
 
+def test_a_report_is_all_written_or_not_at_all(capsys, tmp_path, monkeypatch):
+    from travorder.study import report
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(report, "_curves", interrupted)  # after the figures, before the page
+    with pytest.raises(KeyboardInterrupt):
+        report.write_report("bundled:rl", tmp_path / "r")
+    assert list(tmp_path.iterdir()) == []  # neither the report nor its temporary folder
+    bad = tmp_path / "bad.csv"
+    bundled = report.read_sources(["bundled:rl"]).head(3)
+    bundled.astype({"time_bfs": object}).assign(time_bfs="abc").to_csv(bad, index=False)
+    _one_line_error(capsys, ["study", "report", str(bad), "--out", str(tmp_path / "r")],
+                    "column 'time_bfs' holds values that are not numbers")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
+
+
+@pytest.mark.parametrize("command", [["train", "--data", "bundled:rl"],
+                                     ["study", "report", "bundled:rl", "--evaluate"]])
+def test_output_folders_are_checked_before_any_work(capsys, tmp_path, monkeypatch, command):
+    from travorder.study import export
+
+    monkeypatch.setattr(export, "read_sources", None)  # reading the data: a TypeError
+    (tmp_path / "afile").write_text("")
+    for out, message in ((tmp_path / "no" / "m", "no such directory"),
+                         (tmp_path / "afile", "is a file, not a folder"),
+                         (Path("/proc/travorder-test"), "cannot write")):
+        if str(out).startswith("/proc") and not Path("/proc/self").is_dir():
+            continue
+        _one_line_error(capsys, [*command, "--out", str(out)], message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 def test_zoo_build_needs_a_corpus_or_into_bundled(capsys, tmp_path):
     _one_line_error(capsys, ["zoo", "build", "--name", "alexnet"], "--into-bundled")
     _one_line_error(capsys, ["zoo", "build", "--name", "alexnet", "--corpus", str(tmp_path),

@@ -109,6 +109,9 @@ def test_equality_looks_at_values():
 def test_unknown_preset_lists_the_presets():
     with pytest.raises(TravorderError, match=r"unknown cluster 'k80x4'.*k80x3.*pcie4x4"):
         load_cluster("k80x4")
+    for bad in (3, None, ["k80x3"]):
+        with pytest.raises(TravorderError, match="a cluster is a preset name, a cluster fi"):
+            load_cluster(bad)
 
 
 def test_missing_or_broken_files(tmp_path):

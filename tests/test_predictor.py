@@ -155,6 +155,27 @@ def test_a_row_without_a_family_is_refused(frame):
         design_matrix(orphan)
 
 
+def test_datasets_that_cannot_be_learned_from_are_one_line(frame):
+    with pytest.raises(TravorderError, match="feature schema 99, this travorder computes"):
+        design_matrix(frame.assign(feature_schema=99))
+    assert design_matrix(frame.assign(feature_schema=FEATURE_SCHEMA_VERSION)).orders == ORDERS
+    text = frame.astype({"time_bfs": object})
+    text.loc[3, "time_bfs"] = "abc"
+    with pytest.raises(TravorderError, match="a feature or step time that is not a number"):
+        design_matrix(text)
+    other = frame.assign(time_bfs=np.nan, time_dfs_preorder=np.nan, time_alpha=1.0)
+    with pytest.raises(TravorderError, match=r"at least two orders in every row; its rows "
+                                             "share topo$"):
+        design_matrix(pd.concat([frame, other], ignore_index=True))
+
+
+def test_two_orders_are_evaluated_with_the_shortlists_that_fit(frame):
+    ev = evaluate(design_matrix(frame.drop(columns="time_dfs_preorder")),
+                  kinds=("regressor",), params={"n_estimators": 5}, folds=2)
+    assert "regressor+verify2" in ev.table.index
+    assert not any("verify3" in name for name in ev.table.index)
+
+
 def test_ties_count_as_hits(frame):
     tied = frame.assign(ties="topo,bfs")
     ev = evaluate(design_matrix(tied), kinds=(), params={})
@@ -521,11 +542,40 @@ def test_parallel_fits_give_the_same_model(frame):
                 for n in (1, 2))
     assert [m.text for m in one.models_] == [m.text for m in two.models_]
     for bad in (0, 2.0, True):
-        with pytest.raises(TravorderError, match=f"n_seeds must be a positive integer, got "
+        with pytest.raises(TravorderError, match=f"n_seeds must be an integer >= 1, got "
                                                  f"{bad!r}"):
             OrderPredictor("regressor", n_seeds=bad).fit(data.X, data.times)
     numpy_int = OrderPredictor("regressor", **{**params, "n_seeds": np.int64(2)})
     assert len(numpy_int.fit(data.X, data.times).models_) == 2 * data.times.shape[1]
+
+
+@pytest.mark.parametrize(("param", "value", "message"), [
+    ("n_estimators", "a", "n_estimators must be an integer >= 1"),
+    ("n_estimators", -1, "n_estimators must be an integer >= 1"),
+    ("num_leaves", 1, "num_leaves must be an integer >= 2"),
+    ("n_jobs", 0, "n_jobs must be a non-zero integer"),
+    ("learning_rate", 0, r"learning_rate must be a number in \(0, inf\)"),
+    ("subsample", 2, r"subsample must be a number in \(0, 1\]"),
+    ("tie_tolerance", "x", r"tie_tolerance must be a number in \[0, inf\)"),
+    ("tie_tolerance", -1, r"tie_tolerance must be a number in \[0, inf\)"),
+])
+def test_bad_parameters_are_refused_before_fitting(frame, param, value, message):
+    data = design_matrix(frame)
+    with pytest.raises(TravorderError, match=message):
+        OrderPredictor("regressor", **{param: value}).fit(data.X, data.times)
+
+
+def test_bad_rows_and_shortlist_sizes_are_refused(frame):
+    data = design_matrix(frame)
+    p = OrderPredictor("regressor", n_estimators=5, n_seeds=1).fit(data.X, data.times)
+    for rows, message in ((data.X.head(0), "at least one row"), ("abc", "matrix of numbers")):
+        with pytest.raises(TravorderError, match=message):
+            p.predict(rows)
+    with pytest.raises(TravorderError, match="at least one row"):
+        OrderPredictor("regressor").fit(data.X.head(0), data.times.head(0))
+    for k in ("a", 1.0, 0):
+        with pytest.raises(TravorderError, match="a shortlist holds 1 to 3 orders"):
+            p.shortlist(data.X, k)
 
 
 def test_models_saved_before_seed_ensembles_load_as_one_seed(frame, tmp_path):

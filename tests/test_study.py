@@ -35,6 +35,7 @@ from travorder.study.export import (
 )
 from travorder.study.jobs import make_job, run_job
 from travorder.study.report import (
+    _sentence,
     granularity,
     recommendations,
     scenario_summary,
@@ -631,7 +632,9 @@ def test_report_writes_page_and_figures(tmp_path):
     # Four tied orders share the win; bfs has the lowest ratio (1.0) and name among them.
     assert (rec["recommended"], rec["win_share"]) == ("bfs", pytest.approx(1 / 4))
     assert rec["equivalent"] == "bfs,lexico_topo,dfs_postorder"  # 95.5 / 95 is within 1%
-    assert rec["topo_ratio"] == pytest.approx(100 / 95)
+    assert rec["topo_ratio"] == pytest.approx(100 / 95) and rec["topo_order"] == "topo"
+    lifo = next(recommendations(data).assign(topo_order="topo_lifo").itertuples())
+    assert "; <code>topo_lifo</code> 1.053x" in _sentence(lifo, 0.01)  # the order measured
     summary = scenario_summary(data).iloc[0].to_dict()
     assert summary == {
         "placer": "greedy", "scenario": "batch=export", "coarsening": "none",

@@ -40,8 +40,6 @@ def _check_out(path: str | None) -> None:
     path should not create folders) or that names a folder."""
     if path is None:
         return
-    import tempfile
-
     out = Path(path)
     if not out.parent.is_dir():
         raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
@@ -52,8 +50,26 @@ def _check_out(path: str | None) -> None:
         if not os.access(target, os.W_OK):
             raise TravorderError(f"cannot write {path!r}: Permission denied")
         return
-    try:  # what writing will need: a new file beside it
-        with tempfile.TemporaryFile(dir=target.parent):
+    _check_writable(target.parent, path)
+
+
+def _check_out_dir(path: str) -> None:
+    """Refuse, before any work, an output folder that is a file or whose parent folder
+    does not exist (only the output folder itself is made), or that cannot be written."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise TravorderError(f"{path!r} is a file, not a folder")
+    if not out.is_dir() and not out.parent.is_dir():
+        raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
+    _check_writable(out if out.is_dir() else out.parent, path)
+
+
+def _check_writable(folder: Path, path: str) -> None:
+    """A one-line error unless a new file can be made in ``folder`` (for ``path``)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
         raise TravorderError(f"cannot write {path!r}: {exc.strerror or exc}") from None
@@ -386,6 +402,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 def cmd_study_run(args: argparse.Namespace) -> int:
     from travorder.study.runner import run_study
 
+    _check_out(args.store)
+
     r = run_study(args.spec, args.store, jobs=args.jobs, backend=args.backend,
                   address=args.address, progress=not args.no_progress)
     print(f"study {r.name}: {r.total} jobs, {r.skipped} already done, ran {r.ran} "
@@ -415,6 +433,7 @@ def cmd_study_export(args: argparse.Namespace) -> None:
 def cmd_study_report(args: argparse.Namespace) -> None:
     from travorder.study.report import write_report
 
+    _check_out_dir(args.out)
     evaluations = None
     if args.evaluate:
         from travorder.predictor.dataset import design_matrix
@@ -529,6 +548,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    _check_out_dir(args.out)
     res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
                           progress=progress)
     _print_evaluation(res.evaluation, per_family=False, methods=[res.method])

@@ -306,6 +306,9 @@ def load_cluster(name_or_path: str | Path | Cluster) -> Cluster:
     """
     if isinstance(name_or_path, Cluster):
         return name_or_path
+    if not isinstance(name_or_path, str | os.PathLike):
+        raise TravorderError(f"a cluster is a preset name, a cluster file or a Cluster, not "
+                             f"{name_or_path!r}")
     if isinstance(name_or_path, str) and name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from travorder.errors import TravorderError
+from travorder.featurize import FEATURE_SCHEMA_VERSION
 from travorder.featurize.cluster import CLUSTER_FEATURE_NAMES, cluster_features
 from travorder.placement.clusters import Cluster, load_cluster
 
@@ -64,6 +65,11 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     if frame["family"].isna().any():  # leave-family-out needs every row's
         raise TravorderError(f"{int(frame['family'].isna().sum())} dataset rows have no "
                              f"family")
+    schemas = set(frame["feature_schema"].dropna()) if "feature_schema" in frame else set()
+    if schemas - {FEATURE_SCHEMA_VERSION}:
+        raise TravorderError(
+            f"dataset rows have feature schema {sorted(schemas)[-1]!r}, this travorder "
+            f"computes schema {FEATURE_SCHEMA_VERSION}: run the study again to export them")
     time_cols = [c for c in frame.columns if c.startswith(TIME_PREFIX)]
     if orders is None:
         orders = [c[len(TIME_PREFIX):] for c in time_cols if frame[c].notna().all()]
@@ -71,20 +77,24 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     if absent:
         raise TravorderError(f"dataset has no step times for order {absent[0]!r}")
     if len(orders) < 2:
-        raise TravorderError("dataset needs step times for at least two orders")
+        raise TravorderError(f"dataset needs step times for at least two orders in every "
+                             f"row; its rows share {', '.join(orders) or 'none'}")
     cols = [TIME_PREFIX + o for o in orders]
     frame = frame[frame[cols].notna().all(axis=1)].reset_index(drop=True)
     if frame.empty:
         raise TravorderError("dataset has no row with step times for every order")
-    feats = frame[[c for c in frame.columns if c.startswith("f_")]].astype(float)
-    sfeats = frame[[c for c in frame.columns if c.startswith("s_")]].astype(float)
     cnames = [f"c_{n}" for n in CLUSTER_FEATURE_NAMES]
-    if set(cnames) <= set(frame.columns):
-        cfeats = frame[cnames].astype(float)
-    else:
+    try:
+        feats = frame[[c for c in frame.columns if c.startswith("f_")]].astype(float)
+        sfeats = frame[[c for c in frame.columns if c.startswith("s_")]].astype(float)
+        times = frame[cols].astype(float)
+        cfeats = frame[cnames].astype(float) if set(cnames) <= set(frame.columns) else None
+    except (TypeError, ValueError) as exc:
+        raise TravorderError(f"dataset holds a feature or step time that is not a number "
+                             f"({exc})") from None
+    if cfeats is None:
         clusters = {c: cluster_columns(load_cluster(c)) for c in frame["cluster"].unique()}
         cfeats = pd.DataFrame([clusters[c] for c in frame["cluster"]], columns=cnames)
-    times = frame[cols].astype(float)
     times.columns = orders
     best = times.idxmin(axis=1)
     tie_text = frame["ties"] if "ties" in frame.columns else pd.Series("", index=frame.index)

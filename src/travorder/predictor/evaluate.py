@@ -124,12 +124,13 @@ def _check_test(data: TrainingData, test: TrainingData) -> None:
 
 def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
              params: Mapping[str, Any] | None = None,
-             verify: Iterable[int] = (2, 3), folds: int | None = None,
+             verify: Iterable[int] | None = None, folds: int | None = None,
              rankings: Mapping[str, np.ndarray] | None = None,
              progress: Callable[[str], None] | None = None,
              test: TrainingData | None = None) -> Evaluation:
     """Leave-family-out evaluation of each predictor kind and the baselines, and of
-    shortlists of ``verify`` orders checked by placement; ``folds``: hold out that many
+    shortlists of ``verify`` orders checked by placement (default: 2 and 3, as far as
+    there are orders); ``folds``: hold out that many
     groups of families in turn instead of one family at a time (`family_folds`).
     ``rankings``: other methods' held-out rankings (per row of the rows scored, order
     indices from best to worst), reported beside them. ``progress`` gets a line before
@@ -143,12 +144,12 @@ def evaluate(data: TrainingData, kinds: Iterable[str] = KINDS,
     every = np.concatenate([data.family, test.family])
     train_fold = family_folds(data.family, folds, every)
     fold = family_folds(test.family, folds, every)
-    verify = tuple(verify)
     orders = np.array(data.orders)
     T = test.times.to_numpy()
     regret_all = regrets(T)
     in_ties = np.array([[o in t for o in orders] for t in test.ties])
     n, k = T.shape
+    verify = tuple(v for v in (2, 3) if v <= k) if verify is None else tuple(verify)
     if any(not 1 <= v <= k for v in verify):
         raise TravorderError(f"a verified shortlist must have 1 to {k} orders, got {verify}")
     fold_ids = np.unique(fold)

@@ -59,6 +59,7 @@ import math
 import os
 import zlib
 from collections.abc import Mapping
+from numbers import Integral, Real
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -196,6 +197,29 @@ class OrderPredictor:
         return f"OrderPredictor({', '.join(changed)})"
 
     # ------------------------------------------------------------------ fitting
+    def _check_params(self) -> None:
+        """A `TravorderError` for a numeric parameter out of its range (before LightGBM
+        fails on it with a message of its own)."""
+        for name, low in (("n_estimators", 1), ("n_seeds", 1), ("num_leaves", 2),
+                          ("min_child_samples", 1), ("tolerance_folds", 2),
+                          ("random_state", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+                raise TravorderError(f"{name} must be an integer >= {low}, got {value!r}")
+        if isinstance(self.n_jobs, bool) or not isinstance(self.n_jobs, Integral) \
+                or self.n_jobs == 0:
+            raise TravorderError(f"n_jobs must be a non-zero integer, got {self.n_jobs!r}")
+        ranges = {"learning_rate": "(0, inf)", "subsample": "(0, 1]",
+                  "colsample_bytree": "(0, 1]", "tie_tolerance": "[0, inf)"}
+        for name, text in ranges.items():
+            value = getattr(self, name)
+            if name == "tie_tolerance" and value is None:  # chosen by cross-validation
+                continue
+            if isinstance(value, bool) or not isinstance(value, Real) or not (
+                    math.isfinite(value) and (value >= 0 if text[0] == "[" else value > 0)
+                    and (text[-1] == ")" or value <= 1)):
+                raise TravorderError(f"{name} must be a number in {text}, got {value!r}")
+
     def _lgb_params(self, seed: int = 0) -> dict[str, Any]:
         """LightGBM's parameters for the ``seed``-th fit of a model."""
         return {"n_estimators": self.n_estimators, "learning_rate": self.learning_rate,
@@ -214,9 +238,7 @@ class OrderPredictor:
         if self.kind not in KINDS:
             raise TravorderError(f"unknown predictor kind {self.kind!r} (expected "
                                  f"{', '.join(KINDS)})")
-        if isinstance(self.n_seeds, bool) or not isinstance(self.n_seeds, (int, np.integer)) \
-                or self.n_seeds < 1:
-            raise TravorderError(f"n_seeds must be a positive integer, got {self.n_seeds!r}")
+        self._check_params()
         if self.row_weight not in ROW_WEIGHTS:
             raise TravorderError(f"unknown row_weight {self.row_weight!r} (expected "
                                  f"{' or '.join(map(repr, ROW_WEIGHTS))})")
@@ -316,9 +338,12 @@ class OrderPredictor:
                 X = X[list(self.feature_names_in_)]
         elif fitting and hasattr(self, "feature_names_in_"):
             del self.feature_names_in_  # a refit on a plain array: names of the old fit
-        Xa = np.asarray(X, dtype=float)
-        if Xa.ndim != 2:
-            raise TravorderError(f"X must be 2-D, got shape {Xa.shape}")
+        try:
+            Xa = np.asarray(X, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise TravorderError(f"X must be a matrix of numbers ({exc})") from None
+        if Xa.ndim != 2 or Xa.shape[0] == 0:
+            raise TravorderError(f"X must be 2-D with at least one row, got shape {Xa.shape}")
         if fitting:
             self.n_features_in_ = Xa.shape[1]
         elif Xa.shape[1] != self.n_features_in_:
@@ -405,7 +430,8 @@ class OrderPredictor:
         (once two orders are checked, the fastest is never worse than always using it),
         then the others as `ranking` has them."""
         self._check_fitted()
-        if not 1 <= k <= self.classes_.size:
+        if isinstance(k, bool) or not isinstance(k, Integral) or not (
+                1 <= k <= self.classes_.size):
             raise TravorderError(f"a shortlist holds 1 to {self.classes_.size} orders, got {k}")
         position = self.ranking(X).argsort(axis=1)  # of each order in the ranking
         key = np.where(position == 0, 0, position + 1)
@@ -465,7 +491,11 @@ class OrderPredictor:
 
         self._check_fitted()
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TravorderError(f"cannot make the model folder {str(out)!r}: "
+                                 f"{exc.strerror or exc}") from None
         before = _model_files(out / MANIFEST)
         save_trees(self.models_, out / TREES_FILE)
         checksums = {TREES_FILE: _sha256(out / TREES_FILE)}

@@ -352,6 +352,9 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
     if missing or not dataset_orders(data):
         raise FormatError(f"{path}: not a travorder study dataset (no column "
                           f"{(missing or ['time_<order>'])[0]!r})")
+    numeric = [c for c in data.columns if c.startswith(("f_", "s_", "c_", "time_"))]
+    if bad := next((c for c in numeric if not pd.api.types.is_numeric_dtype(data[c])), None):
+        raise FormatError(f"{path}: column {bad!r} holds values that are not numbers")
     return _own_families(data)  # exported before files without one got theirs
 
 

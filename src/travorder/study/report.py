@@ -32,7 +32,7 @@ The recommendations table gives, per placer, scenario, coarsening level and fami
 its clusters), the order with the lowest geometric-mean ratio to the best order (ties: the
 larger winning share), that ratio, its winning share, the runner-up, and for comparison the
 ratio of ``topo`` (of ``topo_lifo``, the published study's ``topo``, where ``topo`` did not
-run).
+run; column ``topo_order`` says which).
 
 Given ``evaluations`` (per placer, the predictor's leave-family-out evaluation on this
 study's dataset, which ``travorder study report --evaluate`` computes), the report adds
@@ -46,6 +46,8 @@ import io
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -135,6 +137,7 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
             "mean_ratio": float(geo[best]),
             "runner_up": second, "runner_up_ratio": float(geo[second]) if second else None,
             "topo_ratio": float(geo[reference]) if reference in geo else None,
+            "topo_order": reference if reference in geo else None,
         })
     return pd.DataFrame(rows)
 
@@ -408,7 +411,7 @@ def _table_html(table: Any) -> str:
 def _sentence(r: Any, rel_tol: float) -> str:
     others = r.equivalent.split(",")[1:]
     also = (f" (as good within {100 * rel_tol:g}%: {', '.join(others)})" if others else "")
-    topo = f"; <code>topo</code> {r.topo_ratio:.3f}x" if r.topo_ratio else ""
+    topo = f"; <code>{r.topo_order}</code> {r.topo_ratio:.3f}x" if r.topo_ratio else ""
     return (f"<li><b>{html.escape(r.family)}</b> ({html.escape(r.placer)}): use "
             f"<code>{html.escape(r.recommended)}</code>{html.escape(also)} in "
             f"{html.escape(r.scenario)}: win share "
@@ -430,18 +433,39 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
                  evaluations: dict[str, Any] | None = None) -> list[Path]:
     """Write ``index.html`` and the figures for ``sources`` (result stores, exported
     datasets or bundled ones, see `read_sources`; of a store only its study named
-    ``study``, if given) into ``out_dir`` (created if needed); returns the files written.
-    The timelines and learning curves need the stores' jobs: datasets give the tables and
-    the per-scenario figures alone. ``evaluations``: per placer, an evaluation with
-    ``table`` and ``best_fixed`` (`travorder.predictor.evaluate.Evaluation`) to include."""
+    ``study``, if given) into ``out_dir`` (made if needed, in a folder that exists);
+    returns the files written. They are made in a temporary folder beside it and moved in
+    at the end, so an error or an interruption leaves nothing half-written. The timelines
+    and learning curves need the stores' jobs: datasets give the tables and the
+    per-scenario figures alone. ``evaluations``: per placer, an evaluation with ``table``
+    and ``best_fixed`` (`travorder.predictor.evaluate.Evaluation`) to include."""
     import matplotlib
 
     matplotlib.use("Agg")
     sources = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
-    stores = [Path(s) for s in sources if is_store(s)]
     out = Path(out_dir)
     data = read_sources(sources, study)  # bad input: nothing written
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise TravorderError(f"{str(out)!r} is a file, not a folder")
+    try:
+        work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    except OSError as exc:
+        raise TravorderError(f"cannot write the report into {str(out)!r}: "
+                             f"{exc.strerror or exc}") from None
+    try:
+        files = _write_report(sources, data, work, study, evaluations)
+        out.mkdir(exist_ok=True)
+        for f in files:
+            os.replace(f, out / f.name)
+        return [out / f.name for f in files]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _write_report(sources: list[Any], data: Any, out: Path, study: str | None,
+                  evaluations: dict[str, Any] | None) -> list[Path]:
+    """`write_report` of ``data`` (read from ``sources``) into folder ``out``."""
+    stores = [Path(s) for s in sources if is_store(s)]
     written: list[Path] = []
     sections = []
     for (placer, scenario, level), part in data.groupby(
