@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
@@ -31,7 +33,7 @@ from travorder.placement.rl.policy import (
     descendant_matrix,
     static_features,
 )
-from travorder.placement.rl.trainer import RLConfig, returns_to_go, train
+from travorder.placement.rl.trainer import EPISODE_PROGRESS, RLConfig, returns_to_go, train
 from travorder.placement.simulator import Simulator
 
 from .strategies import random_dags
@@ -391,6 +393,25 @@ def test_a_fixed_seed_gives_the_same_run() -> None:
     assert runs[0].curve == runs[1].curve and runs[0].best_curve == runs[1].best_curve
     assert np.array_equal(runs[0].placement, runs[1].placement)
     assert runs[0].curve != runs[2].curve
+
+
+def test_episodes_are_reported_where_a_progress_hook_is_set(capsys) -> None:
+    g = small_training_graph()
+    seen: list[tuple[int, int, float]] = []
+    token = EPISODE_PROGRESS.set(lambda *args: seen.append(args))
+    try:
+        run = train(g, load_cluster("k80x3"), traversal_order(g, "bfs"), seed=0,
+                    config=RLConfig(episodes=4))
+    finally:
+        EPISODE_PROGRESS.reset(token)
+    assert seen == [(i + 1, 4, best) for i, best in enumerate(run.best_curve)]
+    from travorder.cli import main
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "resnet_small.onnx"
+    assert main(["place", str(example), "--placer", "rl", "-O",
+                 "episodes=3", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err == "" and json.loads(out)["placer"] == "rl"  # no bar where no terminal is
 
 
 def test_the_sage_encoder_and_penalty_mode_run() -> None:

@@ -8,11 +8,12 @@ name) prints one line on stderr and exits with code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -296,11 +297,8 @@ def _placer_options(pairs: Sequence[str] | None) -> dict[str, Any]:
 
 
 def cmd_place(args: argparse.Namespace) -> None:
-    import time
-
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
-    from travorder.placement.placers import evaluate_placement, place_graph
 
     _check_out(args.out)
     options = _placer_options(args.option)
@@ -308,27 +306,15 @@ def cmd_place(args: argparse.Namespace) -> None:
         raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
     g = _load(args.model, training=not args.forward_only)
     cluster = load_cluster(args.cluster)
-    if args.coarsen is None:
-        r = place_graph(g, cluster, placer=args.placer, order=args.order, seed=args.seed,
-                        floor=True, **options)
-    else:  # place the coarse graph, then expand the placement to every op
-        from travorder.graph import coarsen
-
-        t0 = time.perf_counter()
-        groups = coarsen(g, args.coarsen)
-        coarse = place_graph(groups.graph, cluster, placer=args.placer, order=args.order,
-                             seed=args.seed, **options)
-        r = evaluate_placement(g, cluster, groups.expand(coarse.placement),
-                               placer=args.placer, order=args.order, seed=args.seed,
-                               wall_s=time.perf_counter() - t0,
-                               learning_curve=coarse.learning_curve, floor=True)
+    with _episode_progress(args.placer == "rl"):
+        r, coarse_nodes = _place(args, g, cluster, options)
     doc = placement_doc(r, g, cluster)
     if args.out:
         _write_json(args.out, doc)
     if args.json:
         _print_json({k: v for k, v in doc.items() if k not in ("placement", "cluster")})
     else:
-        how = f", coarsened to {groups.graph.n_nodes} nodes" if args.coarsen else ""
+        how = f", coarsened to {coarse_nodes} nodes" if coarse_nodes else ""
         _print_sim(f"{args.placer} placement of {g.name} on {cluster.name}, order "
                    f"{args.order}{how}",
                    r.step_time_us, r.lower_bound_us, r.efficiency, r.feasible, r.peak_memory,
@@ -336,6 +322,74 @@ def cmd_place(args: argparse.Namespace) -> None:
         _print_fallback(r)
         if args.out:
             print(f"wrote {args.out}")
+
+
+def _place(args: argparse.Namespace, g: Any, cluster: Any, options: dict[str, Any]
+           ) -> tuple[Any, int | None]:
+    """`cmd_place`'s placement of ``g``, and the node count of the coarse graph it placed
+    (None: not coarsened)."""
+    import time
+
+    from travorder.placement.placers import evaluate_placement, place_graph
+
+    if args.coarsen is None:
+        return place_graph(g, cluster, placer=args.placer, order=args.order, seed=args.seed,
+                           floor=True, **options), None
+    from travorder.graph import coarsen  # place the coarse graph, expand the placement
+
+    t0 = time.perf_counter()
+    groups = coarsen(g, args.coarsen)
+    coarse = place_graph(groups.graph, cluster, placer=args.placer, order=args.order,
+                         seed=args.seed, **options)
+    return evaluate_placement(g, cluster, groups.expand(coarse.placement),
+                              placer=args.placer, order=args.order, seed=args.seed,
+                              wall_s=time.perf_counter() - t0,
+                              learning_curve=coarse.learning_curve,
+                              floor=True), groups.graph.n_nodes
+
+
+@contextlib.contextmanager
+def _episode_progress(enabled: bool) -> Iterator[None]:
+    """A progress bar on a terminal's stderr of the RL placer's episodes (shown from the
+    first episode on, so an option refused before training prints nothing but its
+    error)."""
+    if enabled:
+        from rich.console import Console
+
+        console = Console(stderr=True)
+    if not (enabled and console.is_terminal):
+        yield
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from travorder.placement.rl.trainer import EPISODE_PROGRESS
+
+    bar = Progress(TextColumn("RL episodes"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("best {task.fields[best]}"), TimeElapsedColumn(),
+                   TextColumn("left"), TimeRemainingColumn(),
+                   console=console, transient=True)
+    task = None
+
+    def report(done: int, total: int, best_us: float) -> None:
+        nonlocal task
+        if task is None:
+            bar.start()
+            task = bar.add_task("", total=total, best="")
+        bar.update(task, completed=done, best=f"{best_us / 1e3:.3f} ms")
+
+    token = EPISODE_PROGRESS.set(report)
+    try:
+        yield
+    finally:
+        EPISODE_PROGRESS.reset(token)
+        bar.stop()
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:

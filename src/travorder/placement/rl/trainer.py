@@ -25,10 +25,12 @@ follow another trajectory under each.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import functools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,6 +393,13 @@ def _threadpools() -> ThreadpoolController:
 ENGINES = ("compiled", "stepwise")
 
 
+#: Where set, called after each episode of `train` with the episodes played, the episodes
+#: in all and the best step time so far (us): ``travorder place --placer rl`` shows a
+#: progress bar through it, without the placers' options knowing of it.
+EPISODE_PROGRESS: contextvars.ContextVar[Callable[[int, int, float], None] | None] = (
+    contextvars.ContextVar("episode_progress", default=None))
+
+
 def train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
           config: RLConfig | None = None, simulator: Simulator | None = None,
           engine: str = "compiled") -> RLRun:
@@ -439,6 +448,7 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     t0 = time.perf_counter()
     obs, info = env.reset(seed=seed)
     env_s += time.perf_counter() - t0
+    report = EPISODE_PROGRESS.get()
     for episode in range(config.episodes):
         if episode:
             t0 = time.perf_counter()
@@ -467,6 +477,8 @@ def _train(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
         curve.append(info["step_time_us"])
         best_curve.append(env.best_step_us)
         greedy_flags.append(greedy)
+        if report is not None:
+            report(episode + 1, config.episodes, env.best_step_us)
         if greedy:
             continue
 
