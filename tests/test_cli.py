@@ -731,3 +731,12 @@ def test_place_help_lists_placers_orders_and_defaults(capsys):
     assert all(f" {p}," in out or f" {p} " in out for p in PLACERS), out
     assert all(f" {o}" in out for o in ORDERS)
     assert "(default: k80x3)" in out and "--seed SEED seed (a non-negative integer)" in out
+
+
+def test_json_output_is_strict_json():
+    import numpy as np
+
+    from travorder.errors import json_text
+
+    doc = {"a": np.float64("nan"), "b": [np.int64(2), float("inf")], "c": np.arange(2)}
+    assert json_text(doc) == '{"a": null, "b": [2, null], "c": [0, 1]}'

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import os
 import sys
@@ -17,23 +16,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from travorder.errors import TravorderError, write_file
+from travorder.errors import TravorderError, json_text, write_file
 
 EXIT_USAGE = 2
 
 
 def _print_json(obj: Any) -> None:
-    print(json.dumps(obj, indent=2, default=_json_default))
-
-
-def _json_default(obj: Any) -> Any:
-    import numpy as np
-
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    raise TypeError(f"cannot serialise {type(obj).__name__}")
+    print(json_text(obj, indent=2))
 
 
 def _check_out(path: str | None) -> None:
@@ -78,7 +67,7 @@ def _check_writable(folder: Path, path: str) -> None:
 
 def _write_json(path: str, doc: Any) -> None:
     """Write JSON atomically, so an error never leaves a half-written file."""
-    write_file(path, json.dumps(doc, indent=2, default=_json_default) + "\n", "JSON")
+    write_file(path, json_text(doc, indent=2) + "\n", "JSON")
 
 
 def _human(x: float, unit: str = "") -> str:

@@ -8,6 +8,8 @@ with code 2. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -66,6 +68,23 @@ def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> No
 
 def _cannot_write(path: str | os.PathLike[str], what: str, exc: OSError) -> TravorderError:
     return TravorderError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}")
+
+
+def json_text(doc: Any, indent: int | None = None) -> str:
+    """``doc`` as strict JSON: numpy arrays and numbers as Python's, and NaN and infinities,
+    which JSON has not, as ``null``."""
+    import numpy as np
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, list | tuple | np.ndarray):
+            return [plain(v) for v in x]
+        if isinstance(x, np.generic):
+            x = x.item()
+        return None if isinstance(x, float) and not math.isfinite(x) else x
+
+    return json.dumps(plain(doc), indent=indent, allow_nan=False)
 
 
 def check_seed(seed: Any) -> int:

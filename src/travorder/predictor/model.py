@@ -65,7 +65,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, check_format, write_file
+from travorder.errors import (
+    FormatError,
+    TravorderError,
+    check_format,
+    json_text,
+    write_file,
+)
 from travorder.predictor.trees import TreeEnsemble, compact, load_trees, save_trees
 from travorder.versions import library_versions
 
@@ -514,7 +520,7 @@ class OrderPredictor:
             "library_versions": {**library_versions(), "lightgbm": lgb.__version__},
             **manifest,
         }
-        write_file(out / MANIFEST, json.dumps(doc, indent=1, default=_plain) + "\n",
+        write_file(out / MANIFEST, json_text(doc, indent=1) + "\n",
                    "model manifest")
         for stale in before - _model_files(out / MANIFEST):
             (out / stale).unlink(missing_ok=True)
@@ -615,11 +621,3 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    raise TypeError(f"cannot serialise {type(obj).__name__}")
