@@ -462,6 +462,22 @@ def test_output_folders_are_checked_before_any_work(capsys, tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
 
 
+def test_training_options_and_data_are_checked_first(capsys, tmp_path):
+    out = str(tmp_path / "m")
+    _one_line_error(capsys, ["train", "--data", "bundled:rl", "--out", out, "--force"],
+                    "--force goes with --use-as-default")
+    for command in (["train", "--out", out], ["evaluate"]):
+        _one_line_error(capsys, [*command, "--data", "bundled:rl", "--placer", "nope"],
+                        "unknown placer 'nope'")
+    header = tmp_path / "empty.csv"
+    header.write_text(",".join(["graph", "family", "cluster", "best_order", "ties",
+                                "placer", "time_topo", "time_bfs"]) + "\n")
+    _one_line_error(capsys, ["evaluate", "--data", str(header)], "the dataset has no rows")
+    _one_line_error(capsys, ["study", "report", "bundled:rl", "--study", "nope", "--out",
+                             str(tmp_path / "r")], "no store is given")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.csv"]
+
+
 def test_zoo_build_needs_a_corpus_or_into_bundled(capsys, tmp_path):
     _one_line_error(capsys, ["zoo", "build", "--name", "alexnet"], "--into-bundled")
     _one_line_error(capsys, ["zoo", "build", "--name", "alexnet", "--corpus", str(tmp_path),

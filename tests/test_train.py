@@ -82,6 +82,10 @@ def test_train_without_the_graphs_falls_back_to_graph_features(small_dataset, tm
     manifest = json.loads((tmp_path / "model" / MANIFEST).read_text())
     assert res.method == "regressor" and manifest["structure"] == []
     assert "not in the corpus" in manifest["chosen_because"]
+    res = train_predictor([path], tmp_path / "model", kinds=("regressor",),
+                          params={"n_estimators": 5, "min_child_samples": 2}, folds=10)
+    manifest = json.loads((tmp_path / "model" / MANIFEST).read_text())
+    assert manifest["evaluation_folds"] == 4  # four families: four folds, not ten
 
 
 def test_train_without_the_clusters_skips_the_order_splits(small_dataset, tmp_path):

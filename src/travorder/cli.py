@@ -486,8 +486,11 @@ def cmd_study_report(args: argparse.Namespace) -> None:
         frame = read_sources(args.sources, args.study)
         evaluations = {}
         for placer, part in frame.groupby("placer"):
-            print(f"evaluating the predictor on the {placer} rows ({len(part)}) ...")
-            evaluations[placer] = evaluate(design_matrix(part.reset_index(drop=True)))
+            print(f"evaluating the predictor on the {placer} rows ({len(part)}) ...",
+                  file=sys.stderr, flush=True)
+            evaluations[placer] = evaluate(
+                design_matrix(part.reset_index(drop=True)),
+                progress=lambda line: print(line, file=sys.stderr, flush=True))
     files = write_report(args.sources, args.out, study=args.study, evaluations=evaluations)
     print(f"wrote {len(files)} files to {args.out} (open {Path(args.out) / 'index.html'})")
 
@@ -591,6 +594,11 @@ def cmd_train(args: argparse.Namespace) -> None:
     def progress(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
+    if args.force and not args.use_as_default:
+        raise TravorderError("--force goes with --use-as-default (it installs a model that "
+                             "does not beat the best fixed order)")
+    if args.placer is not None:
+        _check_placer(args.placer)
     _check_out_dir(args.out)
     res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
                           progress=progress)
@@ -614,6 +622,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_evaluate(args: argparse.Namespace) -> None:
     from travorder.predictor.train import evaluate_sources
 
+    if args.placer is not None:
+        _check_placer(args.placer)
     ev = evaluate_sources(args.data, args.test_data, placer=args.placer,
                           kinds=_kinds(args.kinds), structure=_blocks(args.structure),
                           folds=args.folds, placed=args.as_placed,

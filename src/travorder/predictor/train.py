@@ -332,7 +332,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
                        "best_fixed_training_folds_mean_regret": fixed,
                        "worst_family_excess": float(t.loc[method, "worst_family_excess"]),
                        "families_worse": int(t.loc[method, "families_worse"])},
-        evaluation_folds=folds,
+        evaluation_folds=min(folds, len(np.unique(data.family))) if folds else None,
         scenarios=sorted((json.loads(d) for d in frame["scenario_def"].unique()),
                          key=lambda d: d["name"]) if "scenario_def" in frame.columns else [],
         feature_ranges={c: [float(data.X[c].min()), float(data.X[c].max())]

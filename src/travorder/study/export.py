@@ -352,6 +352,8 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
     if missing or not dataset_orders(data):
         raise FormatError(f"{path}: not a travorder study dataset (no column "
                           f"{(missing or ['time_<order>'])[0]!r})")
+    if data.empty:
+        raise FormatError(f"{path}: the dataset has no rows")
     numeric = [c for c in data.columns if c.startswith(("f_", "s_", "c_", "time_"))]
     if bad := next((c for c in numeric if not pd.api.types.is_numeric_dtype(data[c])), None):
         raise FormatError(f"{path}: column {bad!r} holds values that are not numbers")
@@ -450,6 +452,9 @@ def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = 
 
     if not sources:
         raise TravorderError("no study results given (stores, datasets or bundled:NAME)")
+    if study is not None and not any(is_store(Path(s)) for s in sources):
+        raise TravorderError(f"study {study!r} is a study of a result store, and no store "
+                             f"is given")
     frames = []
     for src in sources:
         p = Path(src)

@@ -423,6 +423,8 @@ def _evaluation_html(placer: str, ev: Any) -> str:
     table = ev.table.reset_index()
     for col in ("mean_regret", "p90_regret", "worst_family_excess"):
         table[col] = [f"{100 * v:.2f}%" for v in table[col]]
+    if "families_worse" in table:  # a count (none for the random order)
+        table["families_worse"] = ["" if v != v else f"{v:.0f}" for v in table["families_worse"]]
     return (f"<h3>{html.escape(placer)}: best fixed order "
             f"<code>{html.escape(ev.best_fixed.removeprefix('always-'))}</code></h3>\n"
             + _table_html(table))
