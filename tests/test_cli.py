@@ -756,3 +756,13 @@ def test_json_output_is_strict_json():
 
     doc = {"a": np.float64("nan"), "b": [np.int64(2), float("inf")], "c": np.arange(2)}
     assert json_text(doc) == '{"a": null, "b": [2, null], "c": [0, 1]}'
+
+
+def test_both_commands_say_their_version(capsys):
+    from travorder import __version__
+    from travorder.cli import recommend_main
+
+    for entry in (main, recommend_main):
+        with pytest.raises(SystemExit) as info:
+            entry(["--version"])
+        assert info.value.code == 0 and capsys.readouterr().out == f"travorder {__version__}\n"

@@ -762,3 +762,16 @@ def test_warns_when_the_model_learned_from_another_placer(onnx_model):
                                "its orders are greedy's best")
     assert not any("learned from" in w for w in recommend_order(
         onnx_model, "k80x3", predictor=model_dir).warnings)
+
+
+def test_warns_that_orders_cannot_differ_on_one_device(onnx_model):
+    import dataclasses
+
+    from travorder.placement.clusters import load_cluster
+
+    k80 = load_cluster("k80x3")
+    one = dataclasses.replace(k80, name="one", devices=k80.devices[:1],
+                              bandwidth=k80.bandwidth[:1, :1], latency=k80.latency[:1, :1])
+    rec = recommend_order(onnx_model, one)
+    assert rec.confidence == "low"
+    assert rec.warnings[0] == "cluster 'one' has one device: every order gives the same placement"

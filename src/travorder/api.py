@@ -186,6 +186,9 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     placed = placed_graph(g, training, batch, micro_batches)
     row = feature_row(graph_features(prepared), c, features_of(prepared, c, compiled=False))
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
+    if c.n_devices == 1:
+        warnings.insert(0, f"cluster {c.name!r} has one device: every order gives the same "
+                           f"placement")
     learned_from = manifest.get("placer", placer)
     if learned_from != placer:
         from travorder.placement.placers import get_placer  # numba: off the common path

@@ -719,11 +719,18 @@ def _place_epilog() -> str:
         "clusters: `travorder clusters` lists the presets"])
 
 
+def _version_option(parser: argparse.ArgumentParser) -> None:
+    from travorder import __version__
+
+    parser.add_argument("--version", action="version", version=f"travorder {__version__}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="travorder",
         description="Study, simulate and recommend traversal orders for device placement.",
     )
+    _version_option(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("info", help="summarise a model graph (ONNX, .json.gz, dnn-partitioning)")
@@ -1033,6 +1040,7 @@ def recommend_parser() -> argparse.ArgumentParser:
         description="Recommend the traversal order a sequential device placer should use "
                     "for MODEL on a cluster.",
     )
+    _version_option(parser)
     parser.add_argument("model", help="ONNX, travorder .json.gz or dnn-partitioning JSON")
     parser.add_argument("--cluster", default="k80x3",
                         help="cluster preset or .toml/.json file (default: k80x3)")

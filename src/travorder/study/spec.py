@@ -43,6 +43,7 @@ come from ``order_seeds`` when it is listed there). Every problem in a spec is o
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import tomllib
@@ -324,6 +325,9 @@ def _synthetic(value: Any, where: str) -> tuple[SyntheticSelection, ...]:
                                  f"{', '.join(SYNTHETIC_FAMILIES)})")
         seeds = _seeds(item.get("seeds", [0]), f"{where}: graphs.synthetic {family} seeds")
         params = _table(item.get("params", {}), f"{where}: graphs.synthetic {family} params")
+        takes = tuple(p for p in inspect.signature(SYNTHETIC_FAMILIES[family]).parameters
+                      if p != "seed")
+        _unknown(params, takes, f"{where}: graphs.synthetic {family} params")
         out.append(SyntheticSelection(family, seeds, dict(params)))
     return tuple(out)
 
