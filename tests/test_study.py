@@ -741,7 +741,9 @@ def test_report_includes_the_predictor_evaluation(tmp_path, capsys):
     assert "Predictor evaluation (leave-family-out)" in page and "best fixed order" in page
     for method in ("classifier", "regressor", "ranker", "always-topo", "oracle"):
         assert f"<td>{method}</td>" in page
-    assert "evaluating the predictor on the greedy rows (6)" in capsys.readouterr().out
+    err = capsys.readouterr().err  # progress, as train's, on stderr
+    assert "evaluating the predictor on the greedy rows (6)" in err
+    assert "ranker: fold 3/3 (holding out rnn)" in err
 
 
 @pytest.mark.slow

@@ -126,7 +126,8 @@ def cmd_info(args: argparse.Namespace) -> None:
                   _human(info["flops"], "FLOP"))
     table.add_row("parameters", _human(info["param_bytes"], "B"))
     table.add_row("activations", _human(info["activation_bytes"], "B"))
-    table.add_row("family / source", f"{info['family'] or 'unknown'} / {info['source']}")
+    table.add_row("family / source",
+                  f"{info['family'] or 'unknown'} / {info['source'] or 'unknown'}")
     table.add_row("measured ops", str(info["measured_ops"]))
     table.add_row("backward ops", str(info["backward_ops"]))
     unknown = info["unknown_shape_ops"]

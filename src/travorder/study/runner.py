@@ -116,7 +116,7 @@ def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
             _progress(progress) as bar:
         results = parallel(delayed(_prepare_one)(spec, by_name[g], scenarios[s])
                            for g, s in todo)
-        task = bar.add_task("preparing graphs", total=len(todo), failed=0, rate=0.0)
+        task = bar.add_task("preparing graphs", total=len(todo), detail="")
         for (name, sname), (prepared, feats, pairs) in zip(todo, results, strict=True):
             store.add_graph(by_name[name], sname, prepared, spec.training,
                             spec.coarsen_max_nodes, feats, FEATURE_SCHEMA_VERSION)
@@ -247,8 +247,7 @@ def _progress(enabled: bool) -> Any:
 
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("failed {task.fields[failed]}"),
-        TextColumn("{task.fields[rate]:.2f} jobs/s"), TimeElapsedColumn(),
+        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
         TextColumn("left"), TimeRemainingColumn(), disable=not enabled,
     )
 
@@ -298,7 +297,7 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         interrupted = False
         with _progress(progress) as bar:
             task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
-                                failed=0, rate=0.0)
+                                detail="failed 0")
             t0 = time.perf_counter()
             results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
                        else _run_ray(todo, prepared, clusters))
@@ -311,7 +310,8 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
                         else:
                             failed += 1
                     rate = (done + failed) / max(time.perf_counter() - t0, 1e-9)
-                    bar.update(task, advance=len(chunk), failed=failed, rate=rate)
+                    bar.update(task, advance=len(chunk),
+                               detail=f"failed {failed}, {rate:.2f} jobs/s")
             except KeyboardInterrupt:
                 interrupted = True
             finally:
