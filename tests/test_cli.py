@@ -409,6 +409,20 @@ def test_a_pipe_or_device_is_written_into_not_replaced(tmp_path, capsys, model):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
 
 
+def test_files_written_in_place(tmp_path):
+    from travorder.errors import writes_in_place
+
+    (tmp_path / "f.json").write_text("")
+    assert writes_in_place(os.devnull) and not writes_in_place(tmp_path / "f.json")
+    assert not writes_in_place(tmp_path) and not writes_in_place(tmp_path / "missing")
+    out = tmp_path / "out.txt"  # the file this process's output goes to: not cut off
+    script = ("import sys; from travorder.errors import write_file; print('before', "
+              "flush=True); write_file(sys.argv[1], 'DATA', 'x'); print('after', flush=True)")
+    with out.open("w") as stdout:
+        subprocess.run([sys.executable, "-c", script, str(out)], stdout=stdout, check=True)
+    assert out.read_bytes().startswith(b"DATA") and b"after" in out.read_bytes()
+
+
 def test_recommend_with_an_unknown_placer_gets_one_line(capsys, model):
     code, out, err = _recommend(capsys, model, "--placer", "magic")
     assert code == 2 and out == "" and err.count("\n") == 1 and "unknown placer" in err
@@ -430,6 +444,7 @@ def test_report_of_missing_store_writes_nothing(capsys, tmp_path):
 
 def test_a_report_is_all_written_or_not_at_all(capsys, tmp_path, monkeypatch):
     from travorder.study import report
+    from travorder.study.report import _umask
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
@@ -444,14 +459,25 @@ def test_a_report_is_all_written_or_not_at_all(capsys, tmp_path, monkeypatch):
     _one_line_error(capsys, ["study", "report", str(bad), "--out", str(tmp_path / "r")],
                     "column 'time_bfs' holds values that are not numbers")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv"]
+    good = tmp_path / "good.csv"
+    bundled.to_csv(good, index=False)
+    monkeypatch.undo()
+    for _ in range(2):  # made, then written again into the folder that is there
+        files = report.write_report(good, tmp_path / "r")
+        assert sorted(p.name for p in (tmp_path / "r").iterdir()) == sorted(
+            f.name for f in files)  # no temporary folder left inside
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "good.csv", "r"]
+    assert (tmp_path / "r").stat().st_mode & 0o777 == 0o777 & ~_umask()
 
 
 @pytest.mark.parametrize("command", [["train", "--data", "bundled:rl"],
                                      ["study", "report", "bundled:rl", "--evaluate"]])
 def test_output_folders_are_checked_before_any_work(capsys, tmp_path, monkeypatch, command):
+    from travorder.predictor import train
     from travorder.study import export
 
-    monkeypatch.setattr(export, "read_sources", None)  # reading the data: a TypeError
+    for module in (export, train):  # reading the data: a TypeError
+        monkeypatch.setattr(module, "read_sources", None)
     (tmp_path / "afile").write_text("")
     for out, message in ((tmp_path / "no" / "m", "no such directory"),
                          (tmp_path / "afile", "is a file, not a folder"),

@@ -244,3 +244,14 @@ def test_compute_times_under_placeto_skip_the_gap_of_free_ops():
     g = OpGraph(["a", "b"], [], [], time_us=[0.0, 2.0])
     assert compute_times(g, load_cluster("k80x3-placeto")).tolist() == [[0.0] * 3, [7.7] * 3]
     assert compute_times(g, load_cluster("k80x3")).tolist() == [[5.7] * 3, [7.7] * 3]
+
+
+def test_strict_json_of_an_unlimited_cluster_reads_back():
+    from travorder.errors import json_text
+
+    dev = dataclasses.replace(two_devices().devices[0], memory=math.inf)  # unlimited
+    c = two_devices(devices=(dev, dataclasses.replace(dev, name="gpu2")))
+    doc = json.loads(json_text(c.to_dict()))  # infinities are null in strict JSON
+    assert doc["devices"][0]["memory"] is None and Cluster.from_dict(doc) == c
+    wide = Cluster.from_dict({**doc, "links": {"bandwidth": None, "latency": 1.0}})
+    assert wide.bandwidth[0, 1] == math.inf

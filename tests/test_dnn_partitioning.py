@@ -118,6 +118,8 @@ def _broken(change) -> dict:
      FormatError, "node 90 has isBackwardNode=5, expected true, false, 0 or 1"),
     ("one node without latency", _broken(lambda d: d["nodes"][2].pop("fpgaLatency")),
      FormatError, "node 74 has no 'fpgaLatency'"),
+    ("a node not an object", _broken(lambda d: d["nodes"].append(7)),
+     FormatError, "node 4 is not an object"),
     ("cycle", _broken(lambda d: d["edges"].append({"sourceId": 90, "destId": 81, "cost": 0})),
      GraphError, "cycle"),
 ])

@@ -158,6 +158,10 @@ def test_a_row_without_a_family_is_refused(frame):
 def test_datasets_that_cannot_be_learned_from_are_one_line(frame):
     with pytest.raises(TravorderError, match="feature schema 99, this travorder computes"):
         design_matrix(frame.assign(feature_schema=99))
+    mixed = frame.assign(feature_schema=FEATURE_SCHEMA_VERSION)
+    mixed.loc[:3, "feature_schema"] = 0  # a few rows of an older schema among current ones
+    with pytest.raises(TravorderError, match="feature schema 0, this travorder computes"):
+        design_matrix(mixed)
     assert design_matrix(frame.assign(feature_schema=FEATURE_SCHEMA_VERSION)).orders == ORDERS
     text = frame.astype({"time_bfs": object})
     text.loc[3, "time_bfs"] = "abc"

@@ -150,8 +150,18 @@ def test_a_finished_study_needs_no_ray(tmp_path, monkeypatch):
     store = tmp_path / "s.sqlite"
     run_study(spec(), store, progress=False)
     monkeypatch.setattr(runner, "_start_ray", None)  # called: a TypeError
+    monkeypatch.setitem(sys.modules, "ray", None)  # imported: an ImportError
     again = run_study(spec(), store, backend="ray", address="127.0.0.1:1", progress=False)
     assert again.skipped == again.total and again.ran == 0
+
+
+def test_an_empty_file_is_no_store_until_ray_answers(tmp_path):
+    pytest.importorskip("ray")
+    empty = tmp_path / "s.sqlite"
+    empty.touch()
+    with pytest.raises(TravorderError, match="cannot connect to Ray"):
+        run_study(spec(), empty, backend="ray", address="127.0.0.1:1", progress=False)
+    assert empty.stat().st_size == 0
 
 
 def test_spec_missing_setting_and_file(tmp_path):

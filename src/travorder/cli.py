@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from travorder.errors import TravorderError, json_text, write_file
+from travorder.errors import TravorderError, json_text, write_file, writes_in_place
 
 EXIT_USAGE = 2
 
@@ -35,12 +35,11 @@ def _check_out(path: str | None) -> None:
         raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
     if out.is_dir():
         raise TravorderError(f"{path!r} is a directory, not a file")
-    target = Path(os.path.realpath(out))  # what `write_file` writes
-    if target.exists() and not target.is_file():  # a device or a pipe: written into
-        if not os.access(target, os.W_OK):
+    if writes_in_place(out):
+        if not os.access(out, os.W_OK):
             raise TravorderError(f"cannot write {path!r}: Permission denied")
         return
-    _check_writable(target.parent, path)
+    _check_writable(Path(os.path.realpath(out)).parent, path)  # what `write_file` writes
 
 
 def _check_out_dir(path: str) -> None:
@@ -931,8 +930,6 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
         print("interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as exc:  # a file or folder that cannot be read or written
         if exc.filename is None:  # not a file's: a bug, with its traceback

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -43,15 +44,15 @@ def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> No
     leaves half a file (nor the temporary one); a `TravorderError` naming ``what`` if the
     file cannot be written. A symbolic link stays one (its target is written), and a file
     written again keeps its permissions."""
-    out = Path(os.path.realpath(path))
     payload = data.encode() if isinstance(data, str) else data
-    if out.exists() and not out.is_file() and not out.is_dir():  # /dev/null, a pipe:
-        try:  # written into, never replaced
-            with out.open("wb") as f:
+    if writes_in_place(path):
+        try:
+            with open(path, "wb") as f:
                 f.write(payload)
         except OSError as exc:
             raise _cannot_write(path, what, exc) from None
         return
+    out = Path(os.path.realpath(path))
     tmp = out.with_name(out.name + ".tmp")
     try:
         tmp.write_bytes(payload)
@@ -64,6 +65,25 @@ def write_file(path: str | os.PathLike[str], data: bytes | str, what: str) -> No
         if isinstance(exc, OSError):
             raise _cannot_write(path, what, exc) from None
         raise
+
+
+def writes_in_place(path: str | os.PathLike[str]) -> bool:
+    """Whether `write_file` writes into ``path`` rather than replacing it: a device
+    (``/dev/null``), a pipe (``/dev/stdout | ...``), or the very file this process's
+    output or errors go to, which a new file in its place would cut off."""
+    try:
+        st = os.stat(path)  # through links, /proc/self/fd's included
+    except OSError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        return True
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if os.path.samestat(st, os.fstat(fd)):
+                return True
+    return False
 
 
 def _cannot_write(path: str | os.PathLike[str], what: str, exc: OSError) -> TravorderError:

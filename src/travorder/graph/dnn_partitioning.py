@@ -82,6 +82,9 @@ def from_dnn_partitioning(
         raise FormatError(f"{source}: not a dnn-partitioning graph (needs 'nodes' with "
                           "'fpgaLatency' and 'edges')")
     nodes: list[dict[str, Any]] = doc["nodes"]
+    for k, n in enumerate(nodes):
+        if not isinstance(n, dict):
+            raise FormatError(f"{source}: node {k} is not an object")
     ids = [_field(n, "id", int, source, f"node {k}") for k, n in enumerate(nodes)]
     if len(set(ids)) != len(ids):
         dup = next(i for i, c in Counter(ids).items() if c > 1)

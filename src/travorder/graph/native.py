@@ -54,7 +54,7 @@ def graph_from_dict(doc: Any, source: str = "document") -> OpGraph:
         raise FormatError(f"{source}: graph field 'meta' is not an object")
     nodes = {c: _column(doc, "nodes", c, source) for c in _NODE_COLUMNS}
     edges = {c: _column(doc, "edges", c, source) for c in _EDGE_COLUMNS}
-    if not nodes["name"].size:
+    if not len(nodes["name"]):
         raise FormatError(f"{source}: graph has no nodes")
     return OpGraph(nodes["name"], edges["src"], edges["dst"], op_types=nodes["op_type"],
                    flops=nodes["flops"], output_bytes=nodes["output_bytes"],
@@ -70,17 +70,20 @@ _KINDS = {"name": ("U", "strings"), "op_type": ("U", "strings"), "colocation": (
 _EDGE_COLUMNS = ("src", "dst", "bytes")
 
 
-def _column(doc: dict[str, Any], table: str, column: str, source: str) -> np.ndarray:
-    """Column ``column`` of table ``table`` of graph document ``doc``, as an array of the
-    kind `_KINDS` says (default: numbers, ``null`` read as NaN)."""
+def _column(doc: dict[str, Any], table: str, column: str, source: str) -> Any:
+    """Column ``column`` of table ``table`` of graph document ``doc``: checked to be of the
+    kind `_KINDS` says (default: numbers, ``null`` read as NaN), and an array of numbers
+    (a list of strings or flags as it is)."""
     field = f"{table}.{column}"
     if not isinstance(doc.get(table), dict) or column not in doc[table]:
         raise FormatError(f"{source}: travorder graph is missing field {field!r}")
     values = doc[table][column]
     kind, words = _KINDS.get(column, ("f", "numbers"))
-    if not isinstance(values, list) or (kind in "Ub" and not all(
-            isinstance(x, str if kind == "U" else bool) for x in values)):
+    if not isinstance(values, list) or (kind in "Ub" and not set(map(type, values)) <= {
+            str if kind == "U" else bool}):
         raise FormatError(f"{source}: graph field {field!r} must be a list of {words}")
+    if kind in "Ub":
+        return values  # as OpGraph takes them
     try:
         array = np.asarray(values, dtype=float if kind == "f" else None)
     except (TypeError, ValueError):

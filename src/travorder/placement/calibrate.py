@@ -48,7 +48,7 @@ from travorder.placement.clusters import (
     cluster_file_format,
     save_cluster,
 )
-from travorder.placement.launch import check_device
+from travorder.placement.launch import check_device, parse_device
 
 
 @dataclass(frozen=True)
@@ -178,10 +178,7 @@ def resolve_devices(devices: Sequence[str]) -> tuple[list[str], str | None]:
         raise TravorderError("no devices given")
     wanted = [str(d).strip() for d in devices]
     for d in wanted:  # a name torch does not know is refused, GPU or not
-        try:
-            torch.device(d)
-        except (RuntimeError, TypeError):
-            raise TravorderError(f"unknown device {d!r}") from None
+        parse_device(d)
     if not torch.cuda.is_available() and any(d.startswith("cuda") for d in wanted):
         note = (f"no GPU on this machine: calibrating {len(wanted)} CPU device"
                 f"{'s' if len(wanted) != 1 else ''} instead of {','.join(wanted)}")

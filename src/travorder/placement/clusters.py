@@ -85,6 +85,13 @@ class Device:
                                      f"non-negative, got {v}")
 
 
+def _null_as_inf(value: Any) -> Any:
+    """``value`` with each ``None`` (JSON ``null``) as ``math.inf``, in lists too."""
+    if isinstance(value, list):
+        return [_null_as_inf(v) for v in value]
+    return math.inf if value is None else value
+
+
 def _pair_matrix(value: Any, n: int, what: str) -> np.ndarray:
     try:
         a = np.asarray(value, dtype=np.float64)
@@ -206,7 +213,9 @@ class Cluster:
         """Build from a dict as written by :meth:`to_dict` or read from a cluster file.
 
         A device entry may carry ``count = k`` to stand for ``k`` identical devices named
-        ``name:0 .. name:k-1``; ``memory`` may be omitted (unlimited).
+        ``name:0 .. name:k-1``; ``memory`` may be omitted (unlimited). A ``null`` memory
+        or bandwidth is unlimited too: strict JSON (travorder's ``--json``) writes
+        infinities so.
         """
         if not isinstance(data, Mapping):
             raise TravorderError("a cluster must be a table/object of settings")
@@ -234,7 +243,8 @@ class Cluster:
             if missing:
                 raise TravorderError(f"device {entry.get('name', '?')!r} is missing "
                                      f"{missing[0]!r}")
-            spec = {k: v for k, v in entry.items() if k != "count"}
+            spec = {k: _null_as_inf(v) if k == "memory" else v for k, v in entry.items()
+                    if k != "count"}
             count = entry.get("count")
             if count is None:
                 devices.append(Device(**spec))
@@ -246,7 +256,7 @@ class Cluster:
                            for i in range(count))
         return cls(
             name=str(data["name"]), devices=tuple(devices),
-            bandwidth=links["bandwidth"], latency=links["latency"],
+            bandwidth=_null_as_inf(links["bandwidth"]), latency=links["latency"],
             link_model=data.get("link_model", "link"),
             busy_after_us=data.get("busy_after_us", 0.0),
             param_copies=data.get("param_copies", 3.0),

@@ -64,6 +64,15 @@ def call_on_device(module: torch.nn.Module, device: str, /, *args: Any, **kwargs
     return functional_call(module, tensors, args, kwargs)
 
 
+def parse_device(device: str | torch.device) -> torch.device:
+    """``device`` as a `torch.device`, or `TravorderError` if torch does not know the name
+    (whether or not this machine has it)."""
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError):
+        raise TravorderError(f"unknown device {str(device)!r}") from None
+
+
 def check_device(device: str | torch.device) -> str:
     """The canonical name of ``device`` (``"cuda:0"``), or `TravorderError` if torch does not
     know it or this machine does not have it.
@@ -75,10 +84,7 @@ def check_device(device: str | torch.device) -> str:
     ...
     travorder.errors.TravorderError: unknown device 'tpu:0'
     """
-    try:
-        d = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise TravorderError(f"unknown device {str(device)!r}") from None
+    d = parse_device(device)
     if d.type == "cuda":
         n = torch.cuda.device_count()
         index = d.index if d.index is not None else (torch.cuda.current_device() if n else 0)

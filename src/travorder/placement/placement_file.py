@@ -24,30 +24,26 @@ node order. Unlimited memory and infinite bandwidth in the cluster are written a
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, check_format, read_text, write_file
+from travorder.errors import (
+    FormatError,
+    TravorderError,
+    check_format,
+    json_text,
+    read_text,
+    write_file,
+)
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster
 from travorder.placement.placers import PlacementResult
 
 FORMAT = "travorder.placement"
 FORMAT_VERSION = 1
-
-
-def _finite_or_null(x: Any) -> Any:
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _finite_or_null(v) for k, v in x.items()}
-    if isinstance(x, list):
-        return [_finite_or_null(v) for v in x]
-    return x
 
 
 def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster
@@ -61,7 +57,7 @@ def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster
         "format_version": FORMAT_VERSION,
         "graph": {"name": graph.name, "graph_hash": graph.graph_hash,
                   "n_nodes": graph.n_nodes},
-        "cluster": _finite_or_null(cluster.to_dict()),
+        "cluster": cluster.to_dict(),
         "devices": [d.name for d in cluster.devices],
         "placement": dict(zip(graph.names.tolist(), result.placement.tolist(), strict=True)),
         "step_time_us": result.step_time_us,
@@ -84,8 +80,8 @@ def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster
 def save_placement(result: PlacementResult, graph: OpGraph, cluster: Cluster,
                    path: str | os.PathLike[str]) -> None:
     """Write `result` (a placement of `graph` on `cluster`) as a placement file."""
-    text = json.dumps(placement_doc(result, graph, cluster), indent=1, allow_nan=False)
-    write_file(path, text + "\n", "placement file")
+    write_file(path, json_text(placement_doc(result, graph, cluster), indent=1) + "\n",
+               "placement file")
 
 
 def _read(path: Path) -> dict[str, Any]:

@@ -66,10 +66,10 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
         raise TravorderError(f"{int(frame['family'].isna().sum())} dataset rows have no "
                              f"family")
     schemas = set(frame["feature_schema"].dropna()) if "feature_schema" in frame else set()
-    if schemas - {FEATURE_SCHEMA_VERSION}:
+    if other := sorted(schemas - {FEATURE_SCHEMA_VERSION}):
         raise TravorderError(
-            f"dataset rows have feature schema {sorted(schemas)[-1]!r}, this travorder "
-            f"computes schema {FEATURE_SCHEMA_VERSION}: run the study again to export them")
+            f"dataset rows have feature schema {other[0]!r}, this travorder computes schema "
+            f"{FEATURE_SCHEMA_VERSION}: run the study again to export them")
     time_cols = [c for c in frame.columns if c.startswith(TIME_PREFIX)]
     if orders is None:
         orders = [c[len(TIME_PREFIX):] for c in time_cols if frame[c].notna().all()]

@@ -436,8 +436,9 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     """Write ``index.html`` and the figures for ``sources`` (result stores, exported
     datasets or bundled ones, see `read_sources`; of a store only its study named
     ``study``, if given) into ``out_dir`` (made if needed, in a folder that exists);
-    returns the files written. They are made in a temporary folder beside it and moved in
-    at the end, so an error or an interruption leaves nothing half-written. The timelines
+    returns the files written. They are made in a temporary folder (inside ``out_dir``,
+    or beside it when it is to be made) and moved in at the end, so an error or an
+    interruption leaves nothing half-written. The timelines
     and learning curves need the stores' jobs: datasets give the tables and the
     per-scenario figures alone. ``evaluations``: per placer, an evaluation with ``table``
     and ``best_fixed`` (`travorder.predictor.evaluate.Evaluation`) to include."""
@@ -449,19 +450,31 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     data = read_sources(sources, study)  # bad input: nothing written
     if out.exists() and not out.is_dir():
         raise TravorderError(f"{str(out)!r} is a file, not a folder")
-    try:
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    target = Path(os.path.realpath(out))
+    try:  # in the folder, or beside it when it is to be made: on its file system
+        work = Path(tempfile.mkdtemp(prefix=".report-" if target.is_dir() else
+                                     f".{target.name}-",
+                                     dir=target if target.is_dir() else target.parent))
     except OSError as exc:
         raise TravorderError(f"cannot write the report into {str(out)!r}: "
                              f"{exc.strerror or exc}") from None
     try:
         files = _write_report(sources, data, work, study, evaluations)
-        out.mkdir(exist_ok=True)
+        if not target.is_dir():
+            work.chmod(0o777 & ~_umask())  # a folder as mkdir would make it
+            work.rename(target)
+            return [out / f.name for f in files]
         for f in files:
-            os.replace(f, out / f.name)
+            os.replace(f, target / f.name)
         return [out / f.name for f in files]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _write_report(sources: list[Any], data: Any, out: Path, study: str | None,

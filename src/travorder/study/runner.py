@@ -189,6 +189,7 @@ def _start_ray(n_workers: int, address: str | None) -> bool:
     if ray.is_initialized():
         return False
     host, _, port = address.removeprefix("ray://").rpartition(":") if address else ("", "", "")
+    host = host.removeprefix("[").removesuffix("]")  # an IPv6 address: [::1]:6379
     if host and port.isdigit():  # Ray itself waits minutes for an address that never answers
         try:
             socket.create_connection((host, int(port)), timeout=10).close()
@@ -207,15 +208,18 @@ def _start_ray(n_workers: int, address: str | None) -> bool:
 
 def _all_done(store_path: str | os.PathLike[str], jobs: list[Job]) -> bool:
     """Whether the store at ``store_path`` exists and has every one of ``jobs`` done."""
-    if not Path(store_path).is_file():
+    path = Path(store_path)
+    if not path.is_file() or path.stat().st_size == 0:
         return False
-    with ResultStore(store_path) as store:
+    with ResultStore(path, create=False) as store:
         return not {j.job_id for j in jobs} - store.done_ids()
 
 
 def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters
              ) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
     """Run ``jobs`` on Ray, started by `_start_ray`."""
+    if not jobs:  # every job done already: Ray was not started
+        return
     import ray
 
     pending: list[Any] = []
