@@ -155,6 +155,19 @@ def test_a_finished_study_needs_no_ray(tmp_path, monkeypatch):
     assert again.skipped == again.total and again.ran == 0
 
 
+def test_one_run_at_a_time_writes_a_store(tmp_path):
+    import fcntl
+
+    store = tmp_path / "s.sqlite"
+    run_study(spec(), store, progress=False)
+    with store.open("rb") as held:  # as a run in another process holds it
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(TravorderError, match="another study run is writing"):
+            run_study(spec(), store, progress=False)
+    again = run_study(spec(), store, progress=False)  # the lock went with its holder
+    assert again.skipped == again.total
+
+
 def test_an_empty_file_is_no_store_until_ray_answers(tmp_path):
     pytest.importorskip("ray")
     empty = tmp_path / "s.sqlite"

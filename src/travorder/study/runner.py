@@ -206,6 +206,25 @@ def _start_ray(n_workers: int, address: str | None) -> bool:
     return True
 
 
+@contextlib.contextmanager
+def _sole_writer(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the store's file while a run writes it, so that a second
+    `run_study` on the same store is refused instead of running every job again (the
+    readers, `status` and `export`, take no lock). Released whenever the process ends."""
+    try:
+        import fcntl
+    except ImportError:  # not on POSIX: no lock
+        yield
+        return
+    with path.open("rb") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise TravorderError(f"another study run is writing {str(path)!r}: wait for it "
+                                 f"to finish, or stop it (finished jobs are kept)") from None
+        yield
+
+
 def _all_done(store_path: str | os.PathLike[str], jobs: list[Job]) -> bool:
     """Whether the store at ``store_path`` exists and has every one of ``jobs`` done."""
     path = Path(store_path)
@@ -282,6 +301,7 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
                 jobs, address):
             cleanup.callback(sys.modules["ray"].shutdown)
         store = cleanup.enter_context(ResultStore(store_path))
+        cleanup.enter_context(_sole_writer(store.path))
         store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
         done_before = store.done_ids()
         todo = [j for j in all_jobs if j.job_id not in done_before]
