@@ -349,29 +349,18 @@ def _episode_progress(enabled: bool) -> Iterator[None]:
     if not (enabled and console.is_terminal):
         yield
         return
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from travorder.placement.rl.trainer import EPISODE_PROGRESS
+    from travorder.study.runner import progress_bar
 
-    bar = Progress(TextColumn("RL episodes"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("best {task.fields[best]}"), TimeElapsedColumn(),
-                   TextColumn("left"), TimeRemainingColumn(),
-                   console=console, transient=True)
+    bar = progress_bar(True, console=console, transient=True)
     task = None
 
     def report(done: int, total: int, best_us: float) -> None:
         nonlocal task
         if task is None:
             bar.start()
-            task = bar.add_task("", total=total, best="")
-        bar.update(task, completed=done, best=f"{best_us / 1e3:.3f} ms")
+            task = bar.add_task("RL episodes", total=total, detail="")
+        bar.update(task, completed=done, detail=f"best {best_us / 1e3:.3f} ms")
 
     token = EPISODE_PROGRESS.set(report)
     try:

@@ -113,7 +113,7 @@ def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
     prepared_graphs: Graphs = {}
     clusters: Clusters = {}
     with _loky(min(n_workers, max(len(todo), 1)), "generator") as parallel, \
-            _progress(progress) as bar:
+            progress_bar(progress) as bar:
         results = parallel(delayed(_prepare_one)(spec, by_name[g], scenarios[s])
                            for g, s in todo)
         task = bar.add_task("preparing graphs", total=len(todo), detail="")
@@ -258,7 +258,10 @@ def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters
             ray.cancel(ref, force=True)
 
 
-def _progress(enabled: bool) -> Any:
+def progress_bar(enabled: bool, **options: Any) -> Any:
+    """A rich progress bar: the task's description, a bar, done of total, the task's
+    ``detail`` field, the time elapsed and left (``options`` go to `rich.progress.Progress`;
+    disabled unless ``enabled``)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -271,7 +274,7 @@ def _progress(enabled: bool) -> Any:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-        TextColumn("left"), TimeRemainingColumn(), disable=not enabled,
+        TextColumn("left"), TimeRemainingColumn(), disable=not enabled, **options,
     )
 
 
@@ -319,7 +322,7 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         skipped = len(all_jobs) - len(todo)
         done = failed = 0
         interrupted = False
-        with _progress(progress) as bar:
+        with progress_bar(progress) as bar:
             task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
                                 detail="failed 0")
             t0 = time.perf_counter()
