@@ -368,16 +368,17 @@ def test_a_file_system_error_gets_one_line_and_leaves_no_file(capsys, model, tmp
     def refused(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(Path, "mkdir", refused)  # any other file error: one line too
+    monkeypatch.setattr(Path, "rename", refused)  # any other file error: one line too
     code, _, err = run(capsys, "study", "report", "bundled:rl", "--out", str(tmp_path / "r"))
     assert code == 2 and err.count("\n") == 1 and "Permission denied" in err
 
     def broken(self, *args, **kwargs):
         raise OSError(5, "Input/output error")  # no file named: a bug, with its traceback
 
-    monkeypatch.setattr(Path, "mkdir", broken)
+    monkeypatch.setattr(Path, "rename", broken)
     with pytest.raises(OSError, match="Input/output error"):
         run(capsys, "study", "report", "bundled:rl", "--out", str(tmp_path / "r"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]  # no report half-made
 
 
 def test_writing_through_a_link_keeps_the_link_and_the_permissions(tmp_path):
