@@ -254,9 +254,8 @@ def test_study_commands_run_status_export_report(capsys, tmp_path):
     code, out, _ = run(capsys, "study", "run", str(spec), "--store", str(store),
                        "--no-progress")
     assert code == 0 and "4 jobs" in out and "ran 4" in out
-    code, out, _ = run(capsys, "study", "run", str(spec), "--store", str(store),
-                       "--no-progress")
-    assert code == 0 and "ran 0" in out
+    code, out, _ = run(capsys, "study", "run", str(spec), "--store", str(store))
+    assert code == 0 and "ran 0" in out and out.count("\n") == 1  # progress: on stderr
     code, out, _ = run(capsys, "study", "status", "--store", str(store), "--json")
     assert code == 0 and json.loads(out)["done"] == 4
     code, out, _ = run(capsys, "study", "export", "--store", str(store), "--out",
@@ -482,6 +481,7 @@ def test_output_folders_are_checked_before_any_work(capsys, tmp_path, monkeypatc
     (tmp_path / "afile").write_text("")
     for out, message in ((tmp_path / "no" / "m", "no such directory"),
                          (tmp_path / "afile", "is a file, not a folder"),
+                         (tmp_path / "afile" / "m", "afile' is a file, not a folder, in"),
                          (Path("/proc/travorder-test"), "cannot write")):
         if str(out).startswith("/proc") and not Path("/proc/self").is_dir():
             continue
@@ -793,3 +793,23 @@ def test_both_commands_say_their_version(capsys):
         with pytest.raises(SystemExit) as info:
             entry(["--version"])
         assert info.value.code == 0 and capsys.readouterr().out == f"travorder {__version__}\n"
+
+
+def test_sigterm_runs_the_clean_ups_and_exits_143(capsys):
+    import signal
+    import time
+
+    from travorder.cli import _run
+
+    cleaned: list[bool] = []
+
+    def killed(args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill` or a scheduler would
+            time.sleep(30)
+        finally:
+            cleaned.append(True)
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert _run(killed, None) == 143 and cleaned == [True]
+    assert capsys.readouterr().err == "terminated\n" and signal.getsignal(signal.SIGTERM) == before

@@ -121,6 +121,12 @@ def test_native_file_with_other_version_is_refused(tmp_path):
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
     with pytest.raises(FormatError, match="format version 2 is not supported"):
         load_graph(path)
+    for version, message in (("1", "format version '1' is not a whole number"),
+                             (None, "graph has no format version")):
+        doc["format_version"] = version
+        path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+        with pytest.raises(FormatError, match=message):
+            load_graph(path)
 
 
 @pytest.mark.parametrize(

@@ -779,3 +779,4 @@ def test_warns_that_orders_cannot_differ_on_one_device(onnx_model):
     rec = recommend_order(onnx_model, one)
     assert rec.confidence == "low"
     assert rec.warnings[0] == "cluster 'one' has one device: every order gives the same placement"
+    assert sorted(rec.tied) == sorted(rec.expected_regret) and rec.tie_margin == 0.0

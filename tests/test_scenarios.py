@@ -160,6 +160,10 @@ def test_batch_bad_input():
         scale_batch(OpGraph(["a"], [], []), 8)
     with pytest.raises(GraphError, match=r"is a training step .* scale its forward graph"):
         scale_batch(_train(g), 8)  # its weight gradients would scale with the batch
+    for recorded in ("big", [1], -2, True):
+        with pytest.raises(GraphError, match=f"records batch_size {re.escape(repr(recorded))}, "
+                                             f"not a positive number"):
+            scale_batch(g.replace(meta={"batch_size": recorded}), 8)
 
 
 # ------------------------------------------------------------------ memory and floor

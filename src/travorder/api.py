@@ -221,6 +221,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                 and results[j].step_time_us <= fastest * (1 + TIE_REL_TOL)]
         margin = results[tied[-1]].step_time_us / fastest - 1.0
         exact = set(ORDERS) <= set(verified)  # a model may know only some orders
+    elif c.n_devices == 1:  # every order places everything on the one device
+        tied, margin = list(ranked), 0.0
     else:
         tied = [j for j in ranked if regret[j] <= regret.min() + est.tie_tolerance_]
         margin = float(regret[tied].max() - regret[tied].min())

@@ -31,8 +31,7 @@ def _check_out(path: str | None) -> None:
     if path is None:
         return
     out = Path(path)
-    if not out.parent.is_dir():
-        raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
+    _check_parent(out, path)
     if out.is_dir():
         raise TravorderError(f"{path!r} is a directory, not a file")
     if writes_in_place(out):
@@ -48,9 +47,17 @@ def _check_out_dir(path: str) -> None:
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise TravorderError(f"{path!r} is a file, not a folder")
-    if not out.is_dir() and not out.parent.is_dir():
-        raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
+    if not out.is_dir():
+        _check_parent(out, path)
     _check_writable(out if out.is_dir() else out.parent, path)
+
+
+def _check_parent(out: Path, path: str) -> None:
+    """A one-line error unless the folder ``out`` is to be made in exists."""
+    if out.parent.exists() and not out.parent.is_dir():
+        raise TravorderError(f"{str(out.parent)!r} is a file, not a folder, in {path!r}")
+    if not out.parent.is_dir():
+        raise TravorderError(f"no such directory {str(out.parent)!r} for {path!r}")
 
 
 def _check_writable(folder: Path, path: str) -> None:
@@ -908,8 +915,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that clean-ups run (temporary files and
+    folders, the store's lock) as they do on Ctrl-C; not an `Exception`, which some
+    reader might catch."""
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
 def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     code = None
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         code = func(args)
     except TravorderError as exc:
@@ -918,6 +940,9 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except OSError as exc:  # a file or folder that cannot be read or written
@@ -925,6 +950,9 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
             raise
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return code or 0
 
 
@@ -995,7 +1023,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     else:
         print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
               f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")
-        if rec.confidence == "low":
+        if rec.confidence == "low" and len(rec.tied) < len(rec.expected_regret):
             print("  to be sure: --budget 2 checks the orders by placement and keeps the "
                   "fastest")
     how = "measured regret" if checked and rec.runner_up in rec.verified \

@@ -125,8 +125,13 @@ def check_format(doc: Any, source: str, name: str, version: int | tuple[int, ...
     versions = (version,) if isinstance(version, int) else version
     if not isinstance(doc, dict) or doc.get("format") != name:
         raise FormatError(f"{source}: not a travorder {what}")
-    if doc.get("format_version") not in versions:
-        raise FormatError(f"{source}: {what} format version {doc.get('format_version')!r} is "
+    found = doc.get("format_version")
+    if found is None:
+        raise FormatError(f"{source}: {what} has no format version")
+    if isinstance(found, bool) or not isinstance(found, int):
+        raise FormatError(f"{source}: {what} format version {found!r} is not a whole number")
+    if found not in versions:
+        raise FormatError(f"{source}: {what} format version {found!r} is "
                           f"not supported (this travorder reads version "
                           f"{' or '.join(map(str, versions))})")
     return doc

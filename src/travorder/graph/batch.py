@@ -45,6 +45,10 @@ def scale_batch(g: OpGraph, batch: int) -> OpGraph:
     if not exported:
         raise GraphError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
                          f"to batch {batch}")
+    if isinstance(exported, bool) or not isinstance(exported, int | float) or not (
+            0 < exported < float("inf")):
+        raise GraphError(f"graph {g.name!r} records batch_size {exported!r}, not a positive "
+                         f"number, so it cannot be scaled to batch {batch}")
     factor = int(batch) / float(exported)
     per_node = np.where(np.isin(g.op_types, list(BATCH_INVARIANT_OP_TYPES)), 1.0, factor)
     return g.replace(

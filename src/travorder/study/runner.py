@@ -113,7 +113,7 @@ def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
     prepared_graphs: Graphs = {}
     clusters: Clusters = {}
     with _loky(min(n_workers, max(len(todo), 1)), "generator") as parallel, \
-            progress_bar(progress) as bar:
+            progress_bar(progress and bool(todo)) as bar:
         results = parallel(delayed(_prepare_one)(spec, by_name[g], scenarios[s])
                            for g, s in todo)
         task = bar.add_task("preparing graphs", total=len(todo), detail="")
@@ -259,9 +259,10 @@ def _run_ray(jobs: list[Job], graphs: Graphs, clusters: Clusters
 
 
 def progress_bar(enabled: bool, **options: Any) -> Any:
-    """A rich progress bar: the task's description, a bar, done of total, the task's
-    ``detail`` field, the time elapsed and left (``options`` go to `rich.progress.Progress`;
-    disabled unless ``enabled``)."""
+    """A rich progress bar on stderr: the task's description, a bar, done of total, the
+    task's ``detail`` field, the time elapsed and left (``options`` go to
+    `rich.progress.Progress`; disabled unless ``enabled``)."""
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -274,7 +275,8 @@ def progress_bar(enabled: bool, **options: Any) -> Any:
     return Progress(
         TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
         TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
-        TextColumn("left"), TimeRemainingColumn(), disable=not enabled, **options,
+        TextColumn("left"), TimeRemainingColumn(), disable=not enabled,
+        **{"console": Console(stderr=True), **options},
     )
 
 
