@@ -349,11 +349,13 @@ def _episode_progress(enabled: bool) -> Iterator[None]:
     """A progress bar on a terminal's stderr of the RL placer's episodes (shown from the
     first episode on, so an option refused before training prints nothing but its
     error)."""
-    if enabled:
-        from rich.console import Console
+    if not enabled:
+        yield
+        return
+    from rich.console import Console
 
-        console = Console(stderr=True)
-    if not (enabled and console.is_terminal):
+    console = Console(stderr=True)
+    if not console.is_terminal:
         yield
         return
     from travorder.placement.rl.trainer import EPISODE_PROGRESS
@@ -442,7 +444,6 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     from travorder.study.runner import run_study
 
     _check_out(args.store)
-
     r = run_study(args.spec, args.store, jobs=args.jobs, backend=args.backend,
                   address=args.address, progress=not args.no_progress)
     print(f"study {r.name}: {r.total} jobs, {r.skipped} already done, ran {r.ran} "

@@ -88,8 +88,8 @@ def _column(doc: dict[str, Any], table: str, column: str, source: str) -> Any:
         array = np.asarray(values, dtype=float if kind == "f" else None)
     except (TypeError, ValueError):
         array = None
-    if array is None or array.ndim != 1 or (array.size and kind in "if"
-                                             and array.dtype.kind not in kind):
+    if array is None or array.ndim != 1 or (array.size and kind == "i"
+                                             and array.dtype.kind != "i"):
         raise FormatError(f"{source}: graph field {field!r} must be a list of {words}")
     return array.astype(np.int64) if kind == "i" else array
 

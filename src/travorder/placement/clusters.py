@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, write_file
+from travorder.errors import FormatError, TravorderError, json_text, write_file
 from travorder.graph import OpGraph
 
 #: The link models: one transfer queue per sending device (``bus``, Placeto), per device
@@ -364,7 +364,7 @@ def cluster_file_format(path: str | os.PathLike[str]) -> str:
 def save_cluster(cluster: Cluster, path: str | os.PathLike[str]) -> None:
     """Write ``cluster`` as a ``.toml`` or ``.json`` cluster file."""
     text = (cluster_toml(cluster) if cluster_file_format(path) == "toml"
-            else json.dumps(cluster.to_dict(), indent=2) + "\n")
+            else json_text(cluster.to_dict(), indent=2) + "\n")
     write_file(path, text, "cluster file")
 
 

@@ -460,12 +460,12 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
                              f"{exc.strerror or exc}") from None
     try:
         files = _write_report(sources, data, work, study, evaluations)
-        if not target.is_dir():
+        if target.is_dir():
+            for f in files:
+                os.replace(f, target / f.name)
+        else:
             work.chmod(0o777 & ~_umask())  # a folder as mkdir would make it
             work.rename(target)
-            return [out / f.name for f in files]
-        for f in files:
-            os.replace(f, target / f.name)
         return [out / f.name for f in files]
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -164,7 +164,7 @@ class StudySpec:
                     for seed in s.seeds:
                         try:
                             graphs.append(gen(seed=seed, **s.params))
-                        except TypeError as exc:  # a parameter the generator lacks
+                        except TypeError as exc:  # a parameter of the wrong type
                             raise TravorderError(str(exc)) from None
         seen: set[str] = set()
         for g in graphs:
