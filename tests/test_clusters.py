@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, json_text
 from travorder.graph import OpGraph
 from travorder.placement import PRESETS, Cluster, Device, compute_times, load_cluster
 from travorder.placement.clusters import save_cluster
@@ -92,6 +92,18 @@ def test_toml_file_with_counts_and_matrix(tmp_path):
     assert c.devices[1].memory == math.inf and c.devices[1].launch_us == 0.0
     assert c.bandwidth[2, 1] == 300 and c.latency[0, 2] == 3.0 and c.latency[1, 1] == 0
     assert (c.link_model, c.busy_after_us, c.param_copies) == ("channel", 1.5, 1.0)
+
+
+def test_one_device_needs_no_links(tmp_path):
+    path = tmp_path / "one.toml"
+    path.write_text('name = "one"\n[[devices]]\nname = "gpu"\npeak_flops = 1e12\n'
+                    'mem_bw = 1e11\n')
+    one = load_cluster(path)
+    assert one.n_devices == 1 and Cluster.from_dict(json.loads(json_text(one.to_dict()))) == one
+    path.write_text(path.read_text().replace("name = \"gpu\"", "name = \"gpu\"\ncount = 2"))
+    with pytest.raises(TravorderError, match=r"missing 'links' \(the bandwidth and latency "
+                                             r"between its 2 devices\)"):
+        load_cluster(path)
 
 
 def test_json_file(tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from travorder.api import place, recommend_order
 from travorder.cli import recommend_main
 from travorder.datasets.onnx_examples import residual_cnn
 from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, json_text
 from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
 from travorder.graph import training_graph
 from travorder.predictor.active import bundled_model_dir
@@ -353,7 +354,8 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     with pytest.raises(TravorderError, match="a shortlist holds 1 to 3 orders, got 4"):
         recommend_order(onnx_model, predictor=model_dir, verify=4)
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
-    assert code == 0 and "fastest of 2 of 3 orders checked (the model knows 3 of " in out
+    assert code == 0 and "fastest of 2 of 11 orders checked (the model knows 3; --budget " \
+        "checks the others too)" in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "-1")
     assert code == 2 and err.count("\n") == 1 and "a shortlist holds 1 to 3" in err
 
@@ -685,15 +687,18 @@ def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_
     from travorder.placement.placers import place_graph
 
     full = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=60)
-    assert sorted(full.verified) == sorted(ORDERS)  # every order the model knows,
-    assert not full.exact  # which are not all of travorder's
+    assert sorted(full.verified) == sorted(ALL_ORDERS) and full.exact  # any order,
+    known = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=3)
+    assert set(known.verified) == set(ORDERS)  # the model's three first (a shortlist: only)
     bundled = recommend_order(onnx_model, "k80x3", budget=60,  # knows them all
                               predictor=str(bundled_model_dir()))
     assert bundled.exact and sorted(bundled.verified) == sorted(ALL_ORDERS)
     study_graph = training_graph(read_onnx(onnx_model))
-    want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
+    want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ALL_ORDERS}
     assert full.verified == pytest.approx(want) and want[full.order] == min(want.values())
     assert full.confidence == "high" and full.check_s > 0
+    assert want[bundled.order] == min(want.values())  # the same answer, whatever it knows
+    assert set(full.expected_regret) == set(ORDERS)  # predictions of the model's orders only
     one = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
     plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
     assert list(one.verified) == [plain.order] and not one.exact
@@ -704,10 +709,26 @@ def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_
         recommend_order(onnx_model, predictor=model_dir, verify="2")
 
 
+def test_budget_can_recommend_an_order_the_model_does_not_know(frame, onnx_model, tmp_path):
+    # A model of bfs and alpha only: on this graph five orders it never saw are faster.
+    two = frame.drop(columns=["time_topo", "time_dfs_preorder"]).assign(time_alpha=1.2)
+    data = design_matrix(two)
+    OrderPredictor("classifier", n_estimators=10, min_child_samples=2).fit(
+        data.X, data.times).save(tmp_path, feature_schema_version=FEATURE_SCHEMA_VERSION)
+    rec = recommend_order(onnx_model, "k80x3", predictor=str(tmp_path), budget=60)
+    assert rec.exact and rec.order not in ("bfs", "alpha") and len(rec.tied) > 1
+    assert math.isnan(rec.probability) and rec.order not in rec.expected_regret
+    assert json.loads(json_text(rec.to_dict()))["probability"] is None
+    assert list(rec.verified)[:len(rec.tied)] == rec.tied  # fastest first
+    assert rec.verified["bfs"] > rec.verified[rec.order]
+
+
 def test_budget_on_the_command_line(capsys, model_dir, onnx_model):
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "60")
-    assert code == 0 and "fastest of 3 of 3 orders checked (the model knows 3 of " \
-        "travorder's 11 orders) by placement with greedy" in out
+    assert code == 0 and "exact: every order was checked by placement with greedy" in out
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "0")
+    assert code == 0 and "fastest of 1 of 11 orders checked (the model knows 3; the " \
+        "others are checked after them) by placement with greedy" in out
     code, out, _ = _run(capsys, onnx_model, "--budget", "60", "--predictor",
                         str(bundled_model_dir()))
     assert code == 0 and "exact: every order was checked by placement with greedy" in out
@@ -768,15 +789,21 @@ def test_warns_when_the_model_learned_from_another_placer(onnx_model):
         onnx_model, "k80x3", predictor=model_dir).warnings)
 
 
-def test_warns_that_orders_cannot_differ_on_one_device(onnx_model):
+def test_warns_that_orders_cannot_differ_on_one_device(capsys, onnx_model, tmp_path):
     import dataclasses
 
-    from travorder.placement.clusters import load_cluster
+    from travorder.placement.clusters import load_cluster, save_cluster
 
     k80 = load_cluster("k80x3")
     one = dataclasses.replace(k80, name="one", devices=k80.devices[:1],
                               bandwidth=k80.bandwidth[:1, :1], latency=k80.latency[:1, :1])
     rec = recommend_order(onnx_model, one)
-    assert rec.confidence == "low"
-    assert rec.warnings[0] == "cluster 'one' has one device: every order gives the same placement"
+    assert rec.confidence == "high"  # certain, whatever the model's features say
+    assert rec.warnings == ["cluster 'one' has one device: every order gives the same "
+                            "placement"]
     assert sorted(rec.tied) == sorted(rec.expected_regret) and rec.tie_margin == 0.0
+    save_cluster(one, tmp_path / "one.toml")
+    code, out, _ = _run(capsys, onnx_model, "--cluster", str(tmp_path / "one.toml"))
+    assert code == 0 and "recommended order: any: every order places everything on the " \
+        "one device" in out
+    assert "expected regret" not in out and "outside the training data" not in out

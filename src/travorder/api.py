@@ -10,6 +10,7 @@ True
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from dataclasses import dataclass, field, fields, replace
@@ -45,7 +46,8 @@ class Recommendation:
     `OrderPredictor.ranking`), or, when orders were checked by placement, the fastest
     checked one; ``tied``: the orders that are as good within noise ("any of"), ``order``
     first, and ``tie_margin`` how far apart they are at most (relative); ``probability``:
-    the predictor's probability that ``order`` is the best; ``runner_up_regret``: the
+    the predictor's probability that ``order`` is the best (NaN, ``null`` in JSON, for an
+    order the model does not know, which ``budget=`` checks too); ``runner_up_regret``: the
     regret of the next order outside the tied set (measured when both were checked; when
     every order is tied, of the second tied order);
     ``confidence``: ``"high"`` or ``"low"`` (a recommendation checked against no other
@@ -55,9 +57,10 @@ class Recommendation:
     predictor's score of ``order``, largest first;
     ``verified``: the simulated step time (us) of each order checked by placement
     (``verify=k`` or ``budget=``), the placements that fit in memory fastest first, then
-    the others; ``exact``: every traversal order travorder has was checked (the model
-    knows them all, and all fitted in the budget), so ``order`` is the best of all for
-    this placer and seed; ``check_s``: time spent checking.
+    the others (``budget=`` checks the model's orders best-ranked first, then those it does
+    not know); ``exact``: every traversal order travorder has was checked (all fitted in
+    the budget), so ``order`` is the best of all for this placer and seed; ``check_s``:
+    time spent checking.
     ``placement``: the checked placement of ``order`` (of the training-step graph that
     `place` and ``--place`` write), not part of `to_dict`.
     """
@@ -127,8 +130,9 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     Checking by placement: ``budget=SECONDS`` places the model's training-step graph with
     ``placer`` under the predictor's orders (`OrderPredictor.shortlist`: its pick, then
     the best fixed order of its training data, then the others from the best ranked
-    down), as many as fit in the time budget (at least one), simulates each and
-    recommends the fastest; when every order fits the answer is ``exact``. ``verify=k``
+    down, then any order the model does not know), as many as fit in the time budget (at
+    least one), simulates each and recommends the fastest; when every order fits the
+    answer is ``exact``. ``verify=k``
     checks the first ``k`` of those instead. The graph checked is the one `place` and
     ``recommend-order --place`` write a placement for (the training-step graph, never
     coarsened), so the step time reported for the recommended order is that of the
@@ -186,9 +190,6 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     placed = placed_graph(g, training, batch, micro_batches)
     row = feature_row(graph_features(prepared), c, features_of(prepared, c, compiled=False))
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
-    if c.n_devices == 1:
-        warnings.insert(0, f"cluster {c.name!r} has one device: every order gives the same "
-                           f"placement")
     learned_from = manifest.get("placer", placer)
     if learned_from != placer:
         from travorder.placement.placers import get_placer  # numba: off the common path
@@ -196,55 +197,63 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         get_placer(placer)  # a name that is no placer is an error, not a warning
         warnings.insert(0, f"the model learned from {learned_from}'s placements, not "
                            f"{placer}'s: its orders are {learned_from}'s best")
+    if c.n_devices == 1:  # nothing to predict: the other warnings do not matter
+        warnings = [f"cluster {c.name!r} has one device: every order gives the same "
+                    f"placement"]
     row |= structure_features(prepared, c, row, est, manifest)
     scores = est.scores(row)[0]  # once: every tree of the model runs here
     proba = softmax(scores)
     regret = est.regret_from_scores(scores)
     names = est.classes_.tolist()
     ranked = est.rank(scores)
+    probability = dict(zip(names, proba.tolist(), strict=True))
+    expected = dict(zip(names, regret.tolist(), strict=True))
     verified = placement = check_s = None
     exact = False
     if verify or budget is not None:
         from travorder.placement.orders import ORDERS  # networkx: off the common path
 
-        candidates = est.shortlist(row, verify or len(names))[0]
+        candidates = [names[j] for j in est.shortlist(row, verify or len(names))[0]]
+        if budget is not None:  # any order: those the model does not know come last
+            candidates += [o for o in ORDERS if o not in names]
         t0 = time.perf_counter()
-        results = _check(placed, c, names, candidates, placer, seed, budget)
+        results = _check(placed, c, candidates, placer, seed, budget)
         check_s = time.perf_counter() - t0
-        checked = sorted(results, key=lambda j: (not results[j].feasible,
-                                                 results[j].step_time_us))
-        ranked = np.array([*checked, *(j for j in ranked if j not in results)])
-        verified = {names[j]: float(results[j].step_time_us) for j in checked}
+        checked = sorted(results, key=lambda o: (not results[o].feasible,
+                                                 results[o].step_time_us))
+        ranked = [*checked, *(names[j] for j in ranked if names[j] not in results)]
+        verified = {o: float(results[o].step_time_us) for o in checked}
         placement = results[checked[0]]
-        fastest = results[checked[0]].step_time_us
-        tied = [j for j in checked if results[j].feasible == placement.feasible
-                and results[j].step_time_us <= fastest * (1 + TIE_REL_TOL)]
+        fastest = placement.step_time_us
+        tied = [o for o in checked if results[o].feasible == placement.feasible
+                and results[o].step_time_us <= fastest * (1 + TIE_REL_TOL)]
         margin = results[tied[-1]].step_time_us / fastest - 1.0
-        exact = set(ORDERS) <= set(verified)  # a model may know only some orders
-    elif c.n_devices == 1:  # every order places everything on the one device
-        tied, margin = list(ranked), 0.0
+        exact = set(ORDERS) <= set(verified)
     else:
-        tied = [j for j in ranked if regret[j] <= regret.min() + est.tie_tolerance_]
-        margin = float(regret[tied].max() - regret[tied].min())
-    best = int(ranked[0])
-    second = next((int(j) for j in ranked if j not in tied), int(ranked[1]))
-    runner_up_regret = float(regret[second])
-    if verified is not None and names[second] in verified:
-        runner_up_regret = verified[names[second]] / verified[names[best]] - 1.0
+        ranked = [names[j] for j in ranked]
+        if c.n_devices == 1:  # every order places everything on the one device
+            tied, margin = list(ranked), 0.0
+        else:
+            tied = [o for o in ranked if expected[o] <= regret.min() + est.tie_tolerance_]
+            margin = max(expected[o] for o in tied) - min(expected[o] for o in tied)
+    best = ranked[0]
+    second = next((o for o in ranked if o not in tied), ranked[1])
+    runner_up_regret = verified[second] / verified[best] - 1.0 \
+        if verified is not None and second in verified else expected[second]
     # One order checked compares nothing: the predictor's confidence stands.
-    low = (verified is None or len(verified) < 2) and (bool(warnings) or proba[best] < 0.5)
+    low = c.n_devices > 1 and (verified is None or len(verified) < 2) and (
+        bool(warnings) or probability[best] < 0.5)
     contributions = None
-    if explain:
-        contrib = est.explain(row, orders=[best])[0]
+    if explain and best in names:
+        contrib = est.explain(row, orders=[names.index(best)])[0]
         top = np.argsort(-np.abs(contrib), kind="stable")
         contributions = {str(est.feature_names_in_[i]): float(contrib[i]) for i in top}
     return Recommendation(
-        order=names[best], probability=float(proba[best]), runner_up=names[second],
-        runner_up_probability=float(proba[second]), runner_up_regret=runner_up_regret,
-        probabilities=dict(zip(names, proba.tolist(), strict=True)),
-        expected_regret=dict(zip(names, regret.tolist(), strict=True)),
-        graph=g.name, n_nodes=placed.n_nodes, cluster=c.name, model=description,
-        tied=[names[j] for j in tied], tie_margin=margin,
+        order=best, probability=probability.get(best, math.nan), runner_up=second,
+        runner_up_probability=probability.get(second, math.nan),
+        runner_up_regret=runner_up_regret, probabilities=probability,
+        expected_regret=expected, graph=g.name, n_nodes=placed.n_nodes, cluster=c.name,
+        model=description, tied=tied, tie_margin=margin,
         confidence="low" if low else "high", warnings=warnings,
         contributions=contributions, verified=verified,
         exact=exact, check_s=check_s,
@@ -270,23 +279,23 @@ def _outside_training_range(row: dict[str, float], ranges: dict[str, list[float]
     return [text for _, text in sorted(out, key=lambda t: -t[0])]
 
 
-def _check(graph: OpGraph, cluster: Cluster, names: list[str], candidates: np.ndarray,
-           placer: str, seed: int, budget: float | None) -> dict[int, PlacementResult]:
+def _check(graph: OpGraph, cluster: Cluster, candidates: list[str], placer: str, seed: int,
+           budget: float | None) -> dict[str, PlacementResult]:
     """Place ``graph`` with the ``candidates`` orders in turn: all of them, or with a
     ``budget`` (seconds) as many as fit. The first always runs; it also loads the compiled
     simulator, so the next one runs if any budget is left, and after that an order runs
     if the time the last one took still fits."""
     from travorder.placement.placers import place_graph
 
-    results: dict[int, PlacementResult] = {}
+    results: dict[str, PlacementResult] = {}
     t0 = last = time.perf_counter()
-    for j in candidates:
+    for order in candidates:
         now = time.perf_counter()
         if results and budget is not None and (
                 now - t0 >= budget or (len(results) > 1 and 2 * now - last - t0 > budget)):
             break
         last = now
-        results[int(j)] = place_graph(graph, cluster, placer=placer, order=names[j], seed=seed)
+        results[order] = place_graph(graph, cluster, placer=placer, order=order, seed=seed)
     return results
 
 

@@ -224,8 +224,9 @@ def cmd_clusters(args: argparse.Namespace) -> None:
 def _cluster_text(c: Any) -> str:
     import numpy as np
 
-    lines = [f"{c.name}: {c.n_devices} devices, link model {c.link_model}, semantics "
-             f"{c.semantics}, {c.param_copies:g} copies of the parameters"]
+    lines = [f"{c.name}: {c.n_devices} device{'s' * (c.n_devices != 1)}, link model "
+             f"{c.link_model}, semantics {c.semantics}, {c.param_copies:g} copies of the "
+             f"parameters"]
     lines += [f"  {d.name}: {_human(d.peak_flops, 'FLOP/s')}, {_human(d.mem_bw, 'B/s')}, "
               f"memory {_human(d.memory, 'B')}, gap {d.launch_us:.1f} us" for d in c.devices]
     off = ~np.eye(c.n_devices, dtype=bool)
@@ -1000,7 +1001,10 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     print(f"{rec.graph} ({forward} forward ops, placed as a {rec.n_nodes}-node training "
           f"step) on {rec.cluster}")
     checked = rec.verified is not None
-    if len(rec.tied) > 1:
+    if cluster.n_devices == 1 and not checked:
+        print(f"recommended order: any: every order places everything on the one device "
+              f"(first: {rec.order})")
+    elif len(rec.tied) > 1:
         what = "measured" if checked else "predicted"
         why = "the fastest" if checked else "the safest: lowest mean regret in training"
         print(f"recommended order: any of {', '.join(rec.tied)}: {what} within "
@@ -1012,16 +1016,17 @@ def cmd_recommend(args: argparse.Namespace) -> None:
 
         known = len(rec.expected_regret)
         how = "exact: every order was checked" if rec.exact else \
-            f"fastest of {len(rec.verified)} of {known} orders checked" + (
-                "" if known == len(ORDERS) else f" (the model knows {known} of travorder's "
-                f"{len(ORDERS)} orders)")
+            f"fastest of {len(rec.verified)} of {len(ORDERS)} orders checked" + (
+                "" if known == len(ORDERS) else f" (the model knows {known}; "
+                + ("the others are checked after them" if args.budget is not None else
+                   "--budget checks the others too") + ")")
         print(f"  {how} by placement with {args.placer} in {rec.check_s:.2f} s")
         print("  checked: " + ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in
                                         rec.verified.items()))
         if rec.confidence == "low":
             print(f"  confidence low: one order checked (probability of being the best "
                   f"{rec.probability:.2f}); a larger --budget compares orders by placement")
-    else:
+    elif cluster.n_devices > 1:
         print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
               f"of being the best {rec.probability:.2f}, confidence {rec.confidence}")
         if rec.confidence == "low" and len(rec.tied) < len(rec.expected_regret):

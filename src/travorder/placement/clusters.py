@@ -39,6 +39,8 @@ SEMANTICS = ("travorder", "placeto")
 _DEVICE_KEYS = ("name", "peak_flops", "mem_bw", "memory", "launch_us", "min_op_us")
 _CLUSTER_KEYS = ("name", "description", "link_model", "busy_after_us", "param_copies",
                  "semantics", "devices", "links")
+#: A one-device cluster's links, which nothing crosses.
+_NO_LINKS = MappingProxyType({"bandwidth": math.inf, "latency": 0.0})
 
 
 def _number(value: Any, what: str) -> float:
@@ -223,10 +225,10 @@ class Cluster:
         if unknown:
             raise TravorderError(f"unknown cluster setting {unknown[0]!r} (expected "
                                  f"{', '.join(_CLUSTER_KEYS)})")
-        for key in ("name", "devices", "links"):
+        for key in ("name", "devices"):
             if key not in data:
                 raise TravorderError(f"cluster is missing {key!r}")
-        links = data["links"]
+        links = data.get("links", _NO_LINKS)
         if not isinstance(links, Mapping) or set(links) != {"bandwidth", "latency"}:
             raise TravorderError("cluster 'links' must set exactly 'bandwidth' and 'latency'")
         if not isinstance(data["devices"], list):
@@ -254,6 +256,9 @@ class Cluster:
                                      f"integer, got {count!r}")
             devices.extend(Device(**{**spec, "name": f"{entry['name']}:{i}"})
                            for i in range(count))
+        if links is _NO_LINKS and len(devices) > 1:
+            raise TravorderError(f"cluster is missing 'links' (the bandwidth and latency "
+                                 f"between its {len(devices)} devices)")
         return cls(
             name=str(data["name"]), devices=tuple(devices),
             bandwidth=_null_as_inf(links["bandwidth"]), latency=links["latency"],
