@@ -132,8 +132,11 @@ def test_a_coarsened_or_reordered_pipeline_gets_sound_orders_or_an_error(max_nod
         position[order] = np.arange(c.n_nodes)
         assert sorted(order.tolist()) == list(range(c.n_nodes))
         assert name not in TOPOLOGICAL_ORDERS or (position[c.src] < position[c.dst]).all()
-    with pytest.raises(GraphError, match="not laid out as pipeline_graph lays them out"):
-        traversal_order(p.permute(np.arange(p.n_nodes)[::-1]), "topo")
+    swapped = np.arange(p.n_nodes)
+    swapped[[0, 1]] = 1, 0  # micro-batch 0's first two nodes: tags right, stems not
+    for permutation in (np.arange(p.n_nodes)[::-1], swapped):
+        with pytest.raises(GraphError, match="not laid out as pipeline_graph lays them out"):
+            traversal_order(p.permute(permutation), "topo")
 
 
 # ------------------------------------------------------------------ batch

@@ -111,16 +111,17 @@ def micro_batch_graph(p: OpGraph) -> OpGraph:
     n, rest = divmod(p.n_nodes, m)
     width = len(str(m - 1))
     cut = len(MICRO_BATCH_SEP) + width
-    first, last = p.names[:n].tolist(), p.names[p.n_nodes - n:].tolist()
-    tags = f"{MICRO_BATCH_SEP}{0:0{width}d}", f"{MICRO_BATCH_SEP}{m - 1:0{width}d}"
-    if rest or not all(a.endswith(tags[0]) and b.endswith(tags[1]) and a[:-cut] == b[:-cut]
-                       for a, b in zip(first, last, strict=True)):
+    stems = np.array([x[:-cut] for x in p.names[:n].tolist()], dtype=str)
+    first, last = p.names[:n], p.names[p.n_nodes - n:]
+    if rest or not ((first == np.char.add(stems, f"{MICRO_BATCH_SEP}{0:0{width}d}")).all()
+                    and (last == np.char.add(stems, f"{MICRO_BATCH_SEP}{m - 1:0{width}d}"))
+                    .all()):
         raise GraphError(f"graph {p.name!r} says it is pipelined over {m} micro-batches, but "
                          f"its nodes are not laid out as pipeline_graph lays them out (copy "
                          f"k of node i at index k * n + i)")
     keep = (p.src < n) & (p.dst < n)
     return OpGraph(
-        [x[:-cut] for x in first], p.src[keep], p.dst[keep],
+        stems.tolist(), p.src[keep], p.dst[keep],
         op_types=p.op_types[:n], flops=p.flops[:n], output_bytes=p.output_bytes[:n],
         param_bytes=p.param_bytes[:n], time_us=p.time_us[:n], colocation=p.colocation[:n],
         is_backward=p.is_backward[:n], edge_bytes=p.edge_bytes[keep],
