@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
+from torch.utils._pytree import tree_map_only  # noqa: E402
 
 from travorder.datasets.torch_examples import MODELS, loss_for  # noqa: E402
 from travorder.errors import TravorderError  # noqa: E402
@@ -85,6 +86,45 @@ def test_any_placement_of_the_shared_cell_trains_alike(placement):
     F.cross_entropy(ref(*x), y).backward()
     for (name, p), q in zip(placed.named_parameters(), ref.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
+
+
+class _InPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.relu = nn.Linear(8, 8), nn.Linear(8, 8), nn.ReLU(inplace=True)
+
+    def forward(self, x):  # every in-place change one that autograd allows
+        h = self.a(x)
+        y = torch.sigmoid(h)  # reads h before it changes
+        h.mul_(2)
+        self.relu(h)
+        g = self.b(h)
+        g.add_(1)
+        F.relu(g, inplace=True)
+        z = y * 3
+        torch.sigmoid_(z)
+        return g * h + z
+
+
+@pytest.mark.parametrize("placement", ["alternating", "halves", "random"])
+def test_in_place_ops_on_separate_devices_change_what_follows(monkeypatch, placement):
+    # Copies that are new tensors, as between two GPUs (a copy to the same device is not).
+    monkeypatch.setattr("travorder.placement.launch.to_device", lambda v, d: tree_map_only(
+        torch.Tensor, lambda t: t.to(d, copy=True), v))
+    model, x = _InPlace(), (torch.randn(4, 8),)
+    g = capture_graph(model, x)
+    edges = set(zip(g.names[g.src].tolist(), g.names[g.dst].tolist(), strict=True))
+    assert {("mul_", "relu"), ("relu", "b"), ("add_", "relu_1"), ("relu", "mul_1"),
+            ("relu_1", "mul_1"), ("sigmoid_", "add")} <= edges
+    assert not {("a", "relu"), ("b", "relu_1"), ("mul", "add")} & edges
+    ref = copy.deepcopy(model)
+    placed = apply(model, x, _placements(g.n_nodes)[placement], CPUS)
+    out, want = placed(*x), ref(*x)
+    assert torch.allclose(out, want)
+    out.sum().backward()
+    want.sum().backward()
+    for (name, p), q in zip(placed.named_parameters(), ref.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad), name
 
 
 def test_parameters_live_with_their_first_user():

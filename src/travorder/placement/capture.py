@@ -21,7 +21,8 @@ that runs (see :mod:`travorder.placement.launch`). Per op:
 
 ``placeholder`` (inputs), ``get_attr`` (parameters, buffers, constants) and ``output``
 nodes are not ops: an edge joins two ops when one consumes the other's output, carrying
-the producer's ``output_bytes``.
+the producer's ``output_bytes``; after an in-place op, the ops that read the tensor it
+changed consume its output (`follow_in_place`).
 
 >>> import torch
 >>> cap = capture(torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU()),
@@ -79,15 +80,61 @@ def as_inputs(example_inputs: Any) -> tuple[Any, ...]:
 
 
 def trace(module: torch.nn.Module) -> fx.GraphModule:
-    """``torch.fx.symbolic_trace``, with a failure reported as a `TravorderError`."""
+    """``torch.fx.symbolic_trace``, with a failure reported as a `TravorderError`, and the
+    ops after an in-place op reading its result (`follow_in_place`)."""
     if not isinstance(module, torch.nn.Module):
         raise TravorderError(f"expected a torch.nn.Module, got {type(module).__name__}")
     try:
-        return fx.symbolic_trace(module)
+        gm = fx.symbolic_trace(module)
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError...
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise TravorderError(f"cannot trace {type(module).__name__} with torch.fx: {msg}"
                              ) from None
+    follow_in_place(gm)
+    return gm
+
+
+def _mutated(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
+    """The node whose tensor ``node`` changes in place, if it does: the first argument of a
+    method or function named with a trailing underscore (``relu_``), of one given
+    ``inplace=True`` or of a module whose ``inplace`` is set."""
+    if node.op not in OP_KINDS:
+        return None
+    name = str(node.target) if node.op == "call_method" else \
+        getattr(node.target, "__name__", "")
+    in_place = (node.op != "call_module" and name.endswith("_") and not name.startswith("_")
+                or node.kwargs.get("inplace") is True
+                or node.op == "call_module"
+                and getattr(gm.get_submodule(node.target), "inplace", False) is True)
+    first = node.args[0] if node.args else None
+    return first if in_place and isinstance(first, fx.Node) else None
+
+
+def follow_in_place(gm: fx.GraphModule) -> None:
+    """Make every node after an in-place op on a tensor read that op's result instead of
+    the tensor (the same tensor, which the op returns), so that the graph's edges carry
+    the change: an op placed on another device gets a copy made after it, not before.
+    A change made through a view (``x.view(...).add_(1)``) is not followed.
+
+    >>> import torch
+    >>> class M(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         x.relu_()
+    ...         return x + 1
+    >>> gm = fx.symbolic_trace(M())
+    >>> follow_in_place(gm)
+    >>> [n.args for n in gm.graph.nodes if n.name == "add"]
+    [(relu_, 1)]
+    """
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in gm.graph.nodes:
+        tensor = _mutated(gm, node)
+        if tensor is None:
+            continue
+        for user in list(tensor.users):
+            if position[user] > position[node]:
+                user.replace_input_with(tensor, node)
+    gm.recompile()
 
 
 def _op_type(gm: fx.GraphModule, node: fx.Node) -> str:
