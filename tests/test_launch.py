@@ -20,6 +20,8 @@ from torch.utils._pytree import tree_map_only  # noqa: E402
 from travorder.datasets.torch_examples import MODELS, loss_for  # noqa: E402
 from travorder.errors import TravorderError  # noqa: E402
 from travorder.graph import training_graph  # noqa: E402
+from travorder.graph.batch import scale_batch  # noqa: E402
+from travorder.graph.pipeline import pipeline_graph  # noqa: E402
 from travorder.placement.capture import capture_graph  # noqa: E402
 from travorder.placement.clusters import load_cluster  # noqa: E402
 from travorder.placement.launch import (  # noqa: E402
@@ -200,6 +202,32 @@ def test_placement_forms(tmp_path):
     fwd = place_graph(g, "k80x3", placer="round_robin", order="bfs")
     save_placement(fwd, g, load_cluster("k80x3"), path)
     assert placement_slots(g, path, 3).tolist() == fwd.placement.tolist()
+
+
+def test_placements_at_another_batch_or_over_micro_batches(tmp_path):
+    model, x, _ = MODELS["cnn"]()
+    g = capture_graph(model, x)
+    step = pipeline_graph(training_graph(scale_batch(g, 64)), 4)
+    devices = (np.arange(step.n_nodes) % training_graph(g).n_nodes) % 3  # copies alike
+    stamped = SimpleNamespace(placement=devices, graph_hash=step.graph_hash)
+    path = tmp_path / "p.json"
+    save_placement(place_graph(step, "k80x3", placer="round_robin"), step,
+                   load_cluster("k80x3"), path)
+    for placement in (stamped, devices, path):
+        placed = apply(copy.deepcopy(model), x, placement, CPUS, batch=64, micro_batches=4)
+        assert list(placed.op_devices.values()) == placement_slots(
+            g, placement, 3, batch=64, micro_batches=4).tolist()
+        assert torch.equal(placed(*x), model(*x))
+    assert list(placed.op_devices.values()) != [0] * g.n_nodes  # round robin: several
+    with pytest.raises(TravorderError, match=rf"\({g.name!r}\): the model or its input shapes "
+                                             r"changed since placing, or it was placed at "
+                                             r"another batch"):
+        apply(model, x, stamped, CPUS)
+    with pytest.raises(TravorderError, match=r"at batch 64 over 2 micro-batches: "):
+        apply(model, x, stamped, CPUS, batch=64, micro_batches=2)
+    with pytest.raises(TravorderError, match=rf"placement has {step.n_nodes} devices .* "
+                                             rf"training step\)$"):
+        apply(model, x, devices, CPUS)
 
 
 def test_bad_placements(tmp_path):

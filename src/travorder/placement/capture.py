@@ -100,12 +100,13 @@ def _mutated(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     ``inplace=True`` or of a module whose ``inplace`` is set."""
     if node.op not in OP_KINDS:
         return None
-    name = str(node.target) if node.op == "call_method" else \
-        getattr(node.target, "__name__", "")
-    in_place = (node.op != "call_module" and name.endswith("_") and not name.startswith("_")
-                or node.kwargs.get("inplace") is True
-                or node.op == "call_module"
-                and getattr(gm.get_submodule(node.target), "inplace", False) is True)
+    if node.op == "call_module":
+        in_place = getattr(gm.get_submodule(node.target), "inplace", False) is True
+    else:
+        name = str(node.target) if node.op == "call_method" else \
+            getattr(node.target, "__name__", "")
+        in_place = (name.endswith("_") and not name.startswith("_")) \
+            or node.kwargs.get("inplace") is True
     first = node.args[0] if node.args else None
     return first if in_place and isinstance(first, fx.Node) else None
 

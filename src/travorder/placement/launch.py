@@ -45,7 +45,9 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from travorder.errors import TravorderError
+from travorder.graph.batch import scale_batch
 from travorder.graph.opgraph import OpGraph
+from travorder.graph.pipeline import pipeline_graph
 from travorder.graph.training import training_graph
 from travorder.placement.capture import OP_KINDS, as_inputs, capture, node_tensors
 from travorder.placement.placement_file import load_placement
@@ -104,18 +106,25 @@ def check_device(device: str | torch.device) -> str:
     return str(d)
 
 
-def placement_slots(graph: OpGraph, placement: Any, n_devices: int) -> np.ndarray:
+def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
+                    batch: int | None = None, micro_batches: int = 1) -> np.ndarray:
     """The device slot (index into the devices list) of every node of ``graph``.
 
     ``placement``: a `PlacementResult` or an array/sequence of device indices, for
-    ``graph`` (one per node) or for ``training_graph(graph)`` (its forward half is used);
-    a mapping node name -> device index (names of other nodes are ignored); or a
-    placement file (path). A placement file, or any object with a ``graph_hash``
-    attribute, must be for ``graph`` or its training graph. A placement file or a
-    `PlacementResult` knows its cluster: ``n_devices`` must be that cluster's device count
-    (a placement that happens to use only the first devices is still a placement for all).
+    ``graph`` (one per node), for ``training_graph(graph)`` or for that training step at
+    ``batch`` over ``micro_batches`` (as `travorder.place` places it; the forward ops of
+    micro-batch 0 are used, whose copies share their devices); a mapping node name ->
+    device index (names of other nodes are ignored); or a placement file (path). A
+    placement file, or any object with a ``graph_hash`` attribute, must be for one of
+    those graphs. A placement file or a `PlacementResult` knows its cluster:
+    ``n_devices`` must be that cluster's device count (a placement that happens to use
+    only the first devices is still a placement for all).
     """
     n = graph.n_nodes
+    training = training_graph(graph)
+    step = training if batch is None and micro_batches == 1 else pipeline_graph(
+        training if batch is None else training_graph(scale_batch(graph, batch)),
+        micro_batches)
     expected = getattr(placement, "graph_hash", None)
     peak = getattr(placement, "peak_memory", None)  # one entry per cluster device
     cluster_devices = None if peak is None else len(peak)
@@ -124,26 +133,34 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int) -> np.ndarra
         expected = str(doc["graph"].get("graph_hash"))
         cluster_devices = len(doc["devices"])
         placement = doc["placement"]
-    if expected is not None and expected not in (graph.graph_hash,
-                                                 training_graph(graph).graph_hash):
-        raise TravorderError(f"placement is for graph {expected[:12]}, not "
-                             f"{graph.graph_hash[:12]} ({graph.name!r})")
+    if expected is not None and expected not in (graph.graph_hash, training.graph_hash,
+                                                 step.graph_hash):
+        given = "" if step is training else f" at {_batch_of(batch, micro_batches)}"
+        raise TravorderError(
+            f"placement is for graph {expected[:12]}, not {graph.graph_hash[:12]} "
+            f"({graph.name!r}){given}: the model or its input shapes changed since placing, "
+            f"or it was placed at another batch or number of micro-batches (give the same "
+            f"batch= and micro_batches=)")
     if cluster_devices is not None and cluster_devices != n_devices:
         raise TravorderError(f"the placement is for a cluster of {cluster_devices} devices, "
                              f"but {n_devices} were given")
     placement = getattr(placement, "placement", placement)
-    if isinstance(placement, Mapping):
-        missing = [x for x in graph.names.tolist() if x not in placement]
+    if isinstance(placement, Mapping):  # by name: of a pipeline's copies, if its file says so
+        names = (step if expected == step.graph_hash else graph).names.tolist()
+        missing = [x for x in names if x not in placement]
         if missing:
             raise TravorderError(f"placement has no device for op {missing[0]!r} "
-                                 f"({len(missing)} of {n} ops missing)")
-        placement = [placement[x] for x in graph.names.tolist()]
+                                 f"({len(missing)} of {len(names)} ops missing)")
+        placement = [placement[x] for x in names]
     slots = np.asarray(placement)
     if slots.ndim != 1 or not (np.issubdtype(slots.dtype, np.integer) or slots.size == 0):
         raise TravorderError("a placement must be a list of device indices, one per op")
-    if slots.size not in (n, 2 * n):
+    if slots.size not in (n, training.n_nodes, step.n_nodes):
         raise TravorderError(f"placement has {slots.size} devices for the {n} ops of "
-                             f"{graph.name} (or the {2 * n} of its training graph)")
+                             f"{graph.name} (or the {training.n_nodes} of its training "
+                             f"step" + ("" if step is training else f", or the {step.n_nodes} "
+                                        f"of that step at {_batch_of(batch, micro_batches)}")
+                             + ")")
     slots = slots[:n].astype(np.int64)
     bad = np.flatnonzero((slots < 0) | (slots >= n_devices))
     if bad.size:
@@ -152,6 +169,11 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int) -> np.ndarra
         raise TravorderError(f"placement puts op {str(graph.names[i])!r} on device "
                              f"{slots[i]}, but {given} given")
     return slots
+
+
+def _batch_of(batch: int | None, micro_batches: int) -> str:
+    return (f"batch {batch}" if batch else "the captured batch") + \
+        f" over {micro_batches} micro-batch{'es' * (micro_batches != 1)}"
 
 
 def _placed_graph(gm: fx.GraphModule, slots: Mapping[str, int], devices: Sequence[str],
@@ -210,13 +232,14 @@ def _move_(tensor: torch.Tensor, device: str) -> None:
 
 
 def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
-          devices: Sequence[str | torch.device], *, output_device: str | None = None
-          ) -> fx.GraphModule:
+          devices: Sequence[str | torch.device], *, output_device: str | None = None,
+          batch: int | None = None, micro_batches: int = 1) -> fx.GraphModule:
     """``module`` rewritten to run each op on its placed device (see the module docstring).
 
     ``example_inputs``: the forward call's positional arguments, used to capture the
     graph (the placement must be of that graph: same shapes). ``placement``: see
-    :func:`placement_slots`. ``devices``: the torch device of each device index of the
+    :func:`placement_slots`, with ``batch`` and ``micro_batches`` as given to
+    `travorder.place`. ``devices``: the torch device of each device index of the
     placement (e.g. ``["cuda:0", "cuda:1"]``, or ``["cpu"] * 3`` to test on CPU).
 
     The returned ``torch.fx.GraphModule`` carries ``devices`` (canonical names per slot),
@@ -238,7 +261,8 @@ def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
     out_dev = None if output_device is None else check_device(output_device)
     cap = capture(module, example_inputs)
     names = cap.graph.names.tolist()
-    slots = dict(zip(names, placement_slots(cap.graph, placement, len(devs)).tolist(),
+    slots = dict(zip(names, placement_slots(cap.graph, placement, len(devs), batch=batch,
+                                            micro_batches=micro_batches).tolist(),
                      strict=True))
     tensor_slots = {t: slots[users[0]] for t, users in cap.tensor_users.items()}
     tensors = node_tensors(cap.module)
