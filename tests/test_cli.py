@@ -298,6 +298,25 @@ def test_output_in_missing_folder_is_refused_before_any_work(capsys, model, tmp_
     assert not (tmp_path / "no").exists()
 
 
+def test_output_that_is_an_input_is_refused_before_any_work(capsys, model, tmp_path):
+    graph, placement = tmp_path / "g.json.gz", tmp_path / "p.json"
+    assert run(capsys, "convert", model, str(graph))[0] == 0
+    assert run(capsys, "place", str(graph), "-o", str(placement))[0] == 0
+    (tmp_path / "link.json.gz").symlink_to(graph)
+    kept = graph.read_bytes(), placement.read_bytes()
+    for argv, given in ((["place", str(graph), "-o", str(graph)], graph),
+                        (["convert", str(graph), str(tmp_path / "link.json.gz")], graph),
+                        (["simulate", str(graph), str(placement), "--trace", str(placement)],
+                         placement),
+                        (["study", "export", "--store", str(placement), "--out",
+                          str(placement)], placement)):
+        _one_line_error(capsys, argv, f"is an input of the command ({str(given)!r}): "
+                                      f"writing it would replace it")
+    code, _out, err = _recommend(capsys, str(graph), "--place", str(graph))
+    assert code == 2 and err.count("\n") == 1 and "is an input of the command" in err
+    assert (graph.read_bytes(), placement.read_bytes()) == kept
+
+
 def _recommend(capsys, *argv: str) -> tuple[int, str, str]:
     from travorder.cli import recommend_main
 

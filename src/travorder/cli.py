@@ -25,15 +25,20 @@ def _print_json(obj: Any) -> None:
     print(json_text(obj, indent=2))
 
 
-def _check_out(path: str | None) -> None:
+def _check_out(path: str | None, *inputs: str | None) -> None:
     """Refuse, before any work, an output file whose folder does not exist (a typo in a
-    path should not create folders) or that names a folder."""
+    path should not create folders), that names a folder, or that is one of the command's
+    ``inputs`` (it would be replaced)."""
     if path is None:
         return
     out = Path(path)
     _check_parent(out, path)
     if out.is_dir():
         raise TravorderError(f"{path!r} is a directory, not a file")
+    for given in inputs:
+        if given and out.exists() and Path(given).exists() and os.path.samefile(out, given):
+            raise TravorderError(f"{path!r} is an input of the command ({given!r}): writing "
+                                 f"it would replace it; give another name")
     if writes_in_place(out):
         if not os.access(out, os.W_OK):
             raise TravorderError(f"cannot write {path!r}: Permission denied")
@@ -155,7 +160,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
     if not args.out.lower().endswith(".json.gz"):
         raise TravorderError(f"convert writes travorder's gzipped JSON: give a file name "
                              f"ending in .json.gz, not {args.out!r}")
-    _check_out(args.out)
+    _check_out(args.out, args.model)
     g = _load(args.model, training=args.training)
     save_graph(g, args.out)
     print(f"wrote {args.out}: {g.n_nodes} nodes, {g.n_edges} edges")
@@ -297,7 +302,7 @@ def cmd_place(args: argparse.Namespace) -> None:
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
 
-    _check_out(args.out)
+    _check_out(args.out, args.model, args.cluster)
     options = _placer_options(args.option)
     if args.coarsen is not None and args.coarsen < 1:
         raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
@@ -385,8 +390,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     from travorder.placement.placement_file import load_placement
     from travorder.placement.simulator import Simulator
 
-    _check_out(args.trace)
-    _check_out(args.gantt)
+    _check_out(args.trace, args.model, args.placement, args.cluster)
+    _check_out(args.gantt, args.model, args.placement, args.cluster)
     if args.gantt:
         from travorder.placement.timeline import GANTT_FORMATS
 
@@ -444,7 +449,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 def cmd_study_run(args: argparse.Namespace) -> int:
     from travorder.study.runner import run_study
 
-    _check_out(args.store)
+    _check_out(args.store, args.spec)
     r = run_study(args.spec, args.store, jobs=args.jobs, backend=args.backend,
                   address=args.address, progress=not args.no_progress)
     print(f"study {r.name}: {r.total} jobs, {r.skipped} already done, ran {r.ran} "
@@ -466,7 +471,7 @@ def cmd_study_status(args: argparse.Namespace) -> None:
 def cmd_study_export(args: argparse.Namespace) -> None:
     from travorder.study.export import export_dataset
 
-    _check_out(args.out)
+    _check_out(args.out, args.store)
     data = export_dataset(args.store, args.out, study=args.study)
     print(f"wrote {args.out}: {len(data)} rows")
 
@@ -968,7 +973,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from travorder.api import placed_graph, recommend_order
     from travorder.placement.clusters import load_cluster
 
-    _check_out(args.place)
+    _check_out(args.place, args.model, args.cluster)
     if args.top < 1:
         raise TravorderError(f"--top takes a number of features >= 1, got {args.top}")
     g = _load(args.model)
