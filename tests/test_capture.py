@@ -126,3 +126,14 @@ def test_bad_input():
         capture(nn.Linear(4, 3), torch.ones(2, 5))
     with pytest.raises(TravorderError, match=r"expected a torch\.nn\.Module, got function"):
         capture(lambda x: x, torch.ones(2))
+    with pytest.raises(TravorderError, match="Linear failed on the example inputs: its "
+                                             "forward takes 1 input, 2 were given"):
+        capture(nn.Linear(4, 3), (torch.ones(2, 4), torch.ones(2, 4)))  # fx drops one
+
+
+def test_a_forward_of_any_number_of_inputs_takes_them_all():
+    class Sum(nn.Module):
+        def forward(self, *xs):
+            return xs[0] + xs[1] + xs[2]
+
+    assert capture(Sum(), (torch.ones(2),) * 3).graph.n_nodes > 0

@@ -277,6 +277,21 @@ def test_bad_devices():
         with pytest.raises(TravorderError, match="device 'cuda:99' is not available"):
             apply(model, x, [0] * 11, ["cuda:99"])
     assert check_device(torch.device("cpu")) == "cpu"
+    with pytest.raises(TravorderError, match=r"a list of device names, .* not one name"):
+        apply(model, x, [0] * 11, "cpu")  # not "unknown device 'c'"
+    with pytest.raises(TravorderError, match=r"'head\.weight' is on the meta device: it "
+                                             r"holds no data to place"):
+        model.head.to_empty(device="meta")
+        apply(model, x, [0] * 11, ["cpu"])
+
+
+def test_long_library_errors_are_cut_to_their_first_sentence():
+    from travorder.errors import first_line
+
+    long = RuntimeError("Could not run 'aten::empty' on 'MPS'. " + "Because. " * 400)
+    assert first_line(long) == "Could not run 'aten::empty' on 'MPS'"
+    assert first_line(ValueError("short. two.\nthree")) == "short. two."
+    assert first_line(KeyError()) == "KeyError"
 
 
 def test_time_step_trains_and_times():

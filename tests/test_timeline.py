@@ -122,7 +122,9 @@ def test_plot_gantt_writes_a_picture(tmp_path):
         plot_gantt(tls[0], tmp_path / "g.gif")
     with pytest.raises(TravorderError, match="cannot write Gantt chart"):
         plot_gantt(tls[0], tmp_path / "missing" / "g.png")
-    assert not (tmp_path / "g.gif").exists()
+    with pytest.raises(TravorderError, match="1 titles for 2 timelines: give one each"):
+        plot_gantt(tls, tmp_path / "g.pdf", titles=["split"])
+    assert not (tmp_path / "g.gif").exists() and not (tmp_path / "g.pdf").exists()
 
 
 def test_cli_simulate_trace_and_gantt(capsys, tmp_path):

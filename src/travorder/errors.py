@@ -107,6 +107,22 @@ def json_text(doc: Any, indent: int | None = None) -> str:
     return json.dumps(plain(doc), indent=indent, allow_nan=False)
 
 
+def first_line(exc: BaseException) -> str:
+    """What another library's exception says, fit for one line: its first line, cut after
+    its first sentence when that line is long (torch's run to thousands of characters),
+    or its type's name when it says nothing.
+
+    >>> first_line(NotImplementedError("Could not run 'aten::empty' with arguments from "
+    ...            "the 'MPS' backend. This could be because " + "x" * 200))
+    "Could not run 'aten::empty' with arguments from the 'MPS' backend"
+    """
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0]
+    return line.split(". ")[0] if len(line) > 160 else line
+
+
 def check_seed(seed: Any) -> int:
     """``seed`` if it is a non-negative integer (what numpy's generators take), else a
     `TravorderError`."""

@@ -49,7 +49,7 @@ from torch._subclasses.fake_tensor import (
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, first_line
 from travorder.graph.opgraph import OpGraph
 
 #: fx node kinds that are ops of the captured graph.
@@ -87,7 +87,7 @@ def trace(module: torch.nn.Module) -> fx.GraphModule:
     try:
         gm = fx.symbolic_trace(module)
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError...
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = first_line(exc)
         raise TravorderError(f"cannot trace {type(module).__name__} with torch.fx: {msg}"
                              ) from None
     follow_in_place(gm)
@@ -246,6 +246,13 @@ def capture(module: torch.nn.Module, example_inputs: Any, *, name: str | None = 
     """
     inputs = as_inputs(example_inputs)
     gm = trace(module)
+    placeholders = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    takes = len(placeholders)
+    if len(inputs) > takes and not any(p.startswith("*") for p in placeholders):
+        # fx would drop the extra ones without a word
+        raise TravorderError(f"{type(module).__name__} failed on the example inputs: its "
+                             f"forward takes {takes} input{'s' * (takes != 1)}, "
+                             f"{len(inputs)} were given")
     profiler = _Profiler(gm)
     try:
         try:
@@ -254,7 +261,7 @@ def capture(module: torch.nn.Module, example_inputs: Any, *, name: str | None = 
             profiler = _Profiler(gm)
             profiler.profile(inputs, fake=False)
     except Exception as exc:  # the user's model raised on the user's inputs
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        msg = first_line(exc)
         raise TravorderError(f"{type(module).__name__} failed on the example inputs: {msg}"
                              ) from None
 

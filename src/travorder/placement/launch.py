@@ -44,7 +44,7 @@ from torch import fx
 from torch.func import functional_call
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, first_line
 from travorder.graph.batch import scale_batch
 from travorder.graph.opgraph import OpGraph
 from travorder.graph.pipeline import pipeline_graph
@@ -101,7 +101,7 @@ def check_device(device: str | torch.device) -> str:
         try:
             torch.empty(0, device=d)
         except Exception as exc:
-            msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            msg = first_line(exc)
             raise TravorderError(f"device {str(device)!r} is not available: {msg}") from None
     return str(d)
 
@@ -255,10 +255,18 @@ def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
     >>> placed.op_devices, placed.tensor_devices
     ({'_0': 0, '_1': 1}, {'0.weight': 0, '0.bias': 0})
     """
+    if isinstance(devices, str | torch.device):
+        raise TravorderError(f"devices must be a list of device names, one per device of "
+                             f"the placement (e.g. [{str(devices)!r}]), not one name")
     if not devices:
         raise TravorderError("no devices given")
     devs = [check_device(d) for d in devices]
     out_dev = None if output_device is None else check_device(output_device)
+    empty = next((k for k, t in [*module.named_parameters(), *module.named_buffers()]
+                  if t.is_meta), None) if isinstance(module, torch.nn.Module) else None
+    if empty is not None:
+        raise TravorderError(f"{type(module).__name__}'s {empty!r} is on the meta device: it "
+                             f"holds no data to place; load the weights first")
     cap = capture(module, example_inputs)
     names = cap.graph.names.tolist()
     slots = dict(zip(names, placement_slots(cap.graph, placement, len(devs), batch=batch,

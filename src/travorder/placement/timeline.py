@@ -211,6 +211,8 @@ def plot_gantt(timelines: Timeline | list[Timeline], path: str | os.PathLike[str
     if not tls:
         raise TravorderError("plot_gantt needs at least one timeline")
     titles = titles or [f"{tl.graph.name} on {tl.cluster.name}" for tl in tls]
+    if len(titles) != len(tls):
+        raise TravorderError(f"{len(titles)} titles for {len(tls)} timelines: give one each")
     rows = [len(tl.cluster.devices) + len({q for t in tl.transfers for q in tl.queues(t)})
             for tl in tls]
     fig, axes = plt.subplots(len(tls), 1, sharex=True, squeeze=False,
