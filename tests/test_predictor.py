@@ -709,6 +709,28 @@ def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_
         recommend_order(onnx_model, predictor=model_dir, verify="2")
 
 
+def test_budget_starts_once_the_pick_is_placed(model_dir, onnx_model, monkeypatch):
+    import time
+
+    from travorder.placement import placers
+
+    calls = []
+
+    def slow_first(*args, **kwargs):  # as when the first placement compiles the kernels
+        calls.append(kwargs["order"])
+        if len(calls) == 1:
+            time.sleep(1.0)
+        return place(*args, **kwargs)
+
+    place = placers.place_graph
+    monkeypatch.setattr(placers, "place_graph", slow_first)
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0.5)
+    assert len(rec.verified) >= 2 and rec.check_s >= 1.0  # the 1 s counted in check_s
+    calls.clear()
+    none = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
+    assert len(none.verified) == 1
+
+
 def test_budget_can_recommend_an_order_the_model_does_not_know(frame, onnx_model, tmp_path):
     # A model of bfs and alpha only: on this graph five orders it never saw are faster.
     two = frame.drop(columns=["time_topo", "time_dfs_preorder"]).assign(time_alpha=1.2)

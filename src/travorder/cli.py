@@ -1085,9 +1085,9 @@ def recommend_parser() -> argparse.ArgumentParser:
     check = parser.add_mutually_exclusive_group()
     check.add_argument("--budget", type=float, metavar="SECONDS",
                        help="check the predictor's best-ranked orders by placement (its "
-                            "pick, then the best fixed order, then the others) for up to "
-                            "SECONDS and recommend the fastest; exact when every order "
-                            "fits")
+                            "pick, then for up to SECONDS more the best fixed order, then "
+                            "the others) and recommend the fastest; exact when every "
+                            "order fits")
     check.add_argument("--verify", type=int, default=0, metavar="K",
                        help="place the model in the simulator with a shortlist of K "
                             "orders (the predictor's pick, the best fixed order, then the "
