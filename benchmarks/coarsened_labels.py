@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 from joblib import Parallel, delayed
@@ -29,7 +30,7 @@ from travorder.placement.placers import place_graph
 from travorder.study import load_spec
 from travorder.study.export import REL_TOL
 
-SPEC = "src/travorder/study/specs/greedy.toml"
+SPEC = Path(__file__).resolve().parents[1] / "src/travorder/study/specs/greedy.toml"
 DETERMINISTIC = [o for o in ORDERS if o != "random"]
 CP = DETERMINISTIC.index("critical_path")
 

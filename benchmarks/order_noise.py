@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import numpy as np
 from joblib import Parallel, delayed
@@ -28,7 +29,7 @@ from travorder.placement.placers import place_graph
 from travorder.study import load_spec
 from travorder.study.export import REL_TOL
 
-SPEC = "src/travorder/study/specs/greedy.toml"
+SPEC = Path(__file__).resolve().parents[1] / "src/travorder/study/specs/greedy.toml"
 # The orders that are ever best or tied with the best in the bundled greedy study.
 ORDERS = ["critical_path", "lexico_topo", "topo", "topo_lifo", "reverse_postorder",
           "dfs_preorder"]

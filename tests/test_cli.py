@@ -102,6 +102,18 @@ def test_clusters(capsys):
     code, out, _ = run(capsys, "clusters", "hetero-a100x2-v100x2")  # in full: links too
     assert code == 0 and "link model channel" in out
     assert "  links: 12.00 GB/s to 25.00 GB/s, latency 10.0 us, busy 0.0 us" in out
+    assert out.rstrip().endswith("after each transfer (--json: every pair)")
+    code, out, _ = run(capsys, "clusters", "k80x3")  # one figure: --json gives one too
+    assert code == 0 and out.rstrip().endswith("busy 25.0 us after each transfer")
+
+
+def test_clusters_of_one_unlimited_device(capsys, tmp_path):
+    path = tmp_path / "one.toml"
+    path.write_text('name = "one"\n[[devices]]\nname = "gpu"\npeak_flops = 1e12\n'
+                    'mem_bw = 1e11\n')
+    code, out, _ = run(capsys, "clusters", str(path))
+    assert code == 0 and out.startswith("one: 1 device, link model")
+    assert "memory unlimited" in out and "links" not in out
 
 
 def _cyclic_onnx() -> onnx.ModelProto:
@@ -832,3 +844,14 @@ def test_sigterm_runs_the_clean_ups_and_exits_143(capsys):
     before = signal.getsignal(signal.SIGTERM)
     assert _run(killed, None) == 143 and cleaned == [True]
     assert capsys.readouterr().err == "terminated\n" and signal.getsignal(signal.SIGTERM) == before
+
+
+@pytest.mark.parametrize("argv", [["zoo", "list"], ["clusters", "k80x3"]])
+def test_a_reader_gone_before_the_output_stops_quietly(argv):
+    # `travorder ... | head` whose reader has gone: rich's tables exited 1, prints 0.
+    read, write = os.pipe()
+    os.close(read)
+    code = f"import sys; from travorder.cli import main; sys.exit(main({argv!r}))"
+    done = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    assert (done.returncode, done.stderr) == (0, b"")

@@ -824,6 +824,8 @@ def test_warns_that_orders_cannot_differ_on_one_device(capsys, onnx_model, tmp_p
     assert rec.warnings == ["cluster 'one' has one device: every order gives the same "
                             "placement"]
     assert sorted(rec.tied) == sorted(rec.expected_regret) and rec.tie_margin == 0.0
+    assert set(rec.expected_regret.values()) == {0.0} and rec.runner_up_regret == 0.0
+    assert len(set(rec.probabilities.values())) == 1  # known, not predicted
     save_cluster(one, tmp_path / "one.toml")
     code, out, _ = _run(capsys, onnx_model, "--cluster", str(tmp_path / "one.toml"))
     assert code == 0 and "recommended order: any: every order places everything on the " \

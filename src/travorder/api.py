@@ -52,7 +52,9 @@ class Recommendation:
     every order is tied, of the second tied order);
     ``confidence``: ``"high"`` or ``"low"`` (a recommendation checked against no other
     order whose probability is under one half or whose graph or cluster lies outside the
-    training data); ``warnings``: the features outside the training data's range;
+    training data); ``warnings``: the features outside the training data's range (on a
+    cluster of one device only that every order ties there: its regrets are then 0 and
+    its probabilities uniform);
     ``contributions``: with ``explain=True``, each feature's contribution to the
     predictor's score of ``order``, largest first;
     ``verified``: the simulated step time (us) of each order checked by placement
@@ -207,6 +209,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     regret = est.regret_from_scores(scores)
     names = est.classes_.tolist()
     ranked = est.rank(scores)
+    if c.n_devices == 1:  # known, not predicted: every order places all on the one device
+        proba, regret = np.full(len(names), 1 / len(names)), np.zeros(len(names))
     probability = dict(zip(names, proba.tolist(), strict=True))
     expected = dict(zip(names, regret.tolist(), strict=True))
     verified = placement = check_s = None
@@ -232,11 +236,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         exact = set(ORDERS) <= set(verified)
     else:
         ranked = [names[j] for j in ranked]
-        if c.n_devices == 1:  # every order places everything on the one device
-            tied, margin = list(ranked), 0.0
-        else:
-            tied = [o for o in ranked if expected[o] <= regret.min() + est.tie_tolerance_]
-            margin = max(expected[o] for o in tied) - min(expected[o] for o in tied)
+        tied = [o for o in ranked if expected[o] <= regret.min() + est.tie_tolerance_]
+        margin = max(expected[o] for o in tied) - min(expected[o] for o in tied)
     best = ranked[0]
     second = next((o for o in ranked if o not in tied), ranked[1])
     runner_up_regret = verified[second] / verified[best] - 1.0 \

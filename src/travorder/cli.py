@@ -82,6 +82,8 @@ def _write_json(path: str, doc: Any) -> None:
 
 
 def _human(x: float, unit: str = "") -> str:
+    if x == math.inf:
+        return "unlimited"
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"{x / scale:.2f} {prefix}{unit}"
@@ -169,10 +171,15 @@ def cmd_convert(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- placement
 def _console() -> Any:
     """A rich console; when stdout is not a terminal (a pipe, a file) tables are printed
-    at full width, never cut to 80 columns with an ellipsis."""
+    at full width, never cut to 80 columns with an ellipsis. A reader that goes away
+    (``| head``) stops the command quietly, as for plain prints (rich would exit 1)."""
     from rich.console import Console
 
-    return Console() if sys.stdout.isatty() else Console(width=100_000)
+    class _Console(Console):
+        def on_broken_pipe(self) -> None:
+            raise BrokenPipeError
+
+    return _Console() if sys.stdout.isatty() else _Console(width=100_000)
 
 
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -242,9 +249,11 @@ def _cluster_text(c: Any) -> str:
             lo, hi = fmt(float(x.min())), fmt(float(x.max()))
             return lo if lo == hi else f"{lo} to {hi}"
 
-        lines.append(f"  links: {span(bw, lambda v: _human(v, 'B/s'))}, latency "
-                     f"{span(lat, lambda v: f'{v:.1f} us')}, busy "
-                     f"{c.busy_after_us:.1f} us after each transfer (--json: every pair)")
+        links = (f"  links: {span(bw, lambda v: _human(v, 'B/s'))}, latency "
+                 f"{span(lat, lambda v: f'{v:.1f} us')}, busy "
+                 f"{c.busy_after_us:.1f} us after each transfer")
+        varies = bw.min() != bw.max() or lat.min() != lat.max()
+        lines.append(f"{links} (--json: every pair)" if varies else links)
     return "\n".join(lines)
 
 
@@ -452,8 +461,9 @@ def cmd_study_run(args: argparse.Namespace) -> int:
     _check_out(args.store, args.spec)
     r = run_study(args.spec, args.store, jobs=args.jobs, backend=args.backend,
                   address=args.address, progress=not args.no_progress)
-    print(f"study {r.name}: {r.total} jobs, {r.skipped} already done, ran {r.ran} "
-          f"({r.done} done, {r.failed} failed) in {r.wall_s:.1f} s; {r.pending} pending")
+    print(f"study {r.name}: {r.total} job{'s' * (r.total != 1)}, {r.skipped} already done, "
+          f"ran {r.ran} ({r.done} done, {r.failed} failed) in {r.wall_s:.1f} s; "
+          f"{r.pending} pending")
     if r.interrupted:
         print("interrupted: finished jobs are kept; run again to resume", file=sys.stderr)
         return 130

@@ -272,5 +272,6 @@ def calibrate_command(devices: str | Sequence[str] | None, out: str | os.PathLik
     devices = list(devices) if devices is not None else default_devices()
     cluster = calibrate(devices, sizes=QUICK if quick else None, link_model=link_model,
                         out=out, log=echo)
-    echo(f"wrote {out}: cluster {cluster.name!r}, {cluster.n_devices} devices")
+    n = cluster.n_devices
+    echo(f"wrote {out}: cluster {cluster.name!r}, {n} device{'s' * (n != 1)}")
     return cluster
