@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from travorder.cli import main
 from travorder.datasets.onnx_examples import residual_cnn
 from travorder.graph import OpGraph, load_graph, save_graph
 from travorder.graph.native import graph_to_dict
+from travorder.predictor.active import bundled_model_dir
 
 
 @pytest.fixture(scope="module")
@@ -326,6 +328,12 @@ def test_output_that_is_an_input_is_refused_before_any_work(capsys, model, tmp_p
                                       f"writing it would replace it")
     code, _out, err = _recommend(capsys, str(graph), "--place", str(graph))
     assert code == 2 and err.count("\n") == 1 and "is an input of the command" in err
+    mine = shutil.copytree(bundled_model_dir(), tmp_path / "model")  # its files too
+    kept_model = (mine / "manifest.json").read_bytes()
+    code, _out, err = _recommend(capsys, str(graph), "--predictor", str(mine), "--place",
+                                 str(mine / "manifest.json"))
+    assert code == 2 and err.count("\n") == 1 and "is an input of the command" in err
+    assert (mine / "manifest.json").read_bytes() == kept_model
     assert (graph.read_bytes(), placement.read_bytes()) == kept
 
 

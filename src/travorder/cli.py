@@ -982,8 +982,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def cmd_recommend(args: argparse.Namespace) -> None:
     from travorder.api import placed_graph, recommend_order
     from travorder.placement.clusters import load_cluster
+    from travorder.predictor.active import active_model_dir
 
-    _check_out(args.place, args.model, args.cluster)
+    model_files = active_model_dir(args.predictor, args.placer)[0].glob("*")
+    _check_out(args.place, args.model, args.cluster, *map(str, model_files))
     if args.top < 1:
         raise TravorderError(f"--top takes a number of features >= 1, got {args.top}")
     g = _load(args.model)
