@@ -20,8 +20,7 @@ from torch.utils._pytree import tree_map_only  # noqa: E402
 from travorder.datasets.torch_examples import MODELS, loss_for  # noqa: E402
 from travorder.errors import TravorderError  # noqa: E402
 from travorder.graph import training_graph  # noqa: E402
-from travorder.graph.batch import scale_batch  # noqa: E402
-from travorder.graph.pipeline import pipeline_graph  # noqa: E402
+from travorder.graph.prepare import placed_graph  # noqa: E402
 from travorder.placement.capture import capture_graph  # noqa: E402
 from travorder.placement.clusters import load_cluster  # noqa: E402
 from travorder.placement.launch import (  # noqa: E402
@@ -88,6 +87,39 @@ def test_any_placement_of_the_shared_cell_trains_alike(placement):
     F.cross_entropy(ref(*x), y).backward()
     for (name, p), q in zip(placed.named_parameters(), ref.parameters(), strict=True):
         assert torch.equal(p.grad, q.grad), name
+
+
+def halve_(x):  # named like an in-place op, and not one
+    return x / 2
+
+
+torch.fx.wrap("halve_")
+
+
+class _NotInPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.relu = nn.Linear(8, 8), nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        h = self.a(x)
+        y = halve_(h)
+        w = h + 1  # h itself, which halve_ left alone
+        self.relu(input=h)  # in place, its input given by keyword
+        return w * y * h  # h changed by relu
+
+
+def test_only_torchs_in_place_ops_are_followed(monkeypatch):
+    monkeypatch.setattr("travorder.placement.launch.to_device", lambda v, d: tree_map_only(
+        torch.Tensor, lambda t: t.to(d, copy=True), v))  # as between two GPUs
+    model, x = _NotInPlace(), (torch.randn(4, 8),)
+    g = capture_graph(model, x)
+    edges = set(zip(g.names[g.src].tolist(), g.names[g.dst].tolist(), strict=True))
+    assert {("a", "halve_"), ("a", "add"), ("a", "relu"), ("relu", "mul_1")} <= edges
+    assert not {("halve_", "add"), ("a", "mul_1")} & edges
+    for placement in _placements(g.n_nodes).values():
+        placed = apply(copy.deepcopy(model), x, placement, CPUS)
+        assert torch.allclose(placed(*x), copy.deepcopy(model)(*x))
 
 
 class _InPlace(nn.Module):
@@ -205,28 +237,37 @@ def test_placement_forms(tmp_path):
 
 
 def test_placements_at_another_batch_or_over_micro_batches(tmp_path):
+    from travorder.api import place
+
     model, x, _ = MODELS["cnn"]()
     g = capture_graph(model, x)
-    step = pipeline_graph(training_graph(scale_batch(g, 64)), 4)
+    step = placed_graph(g, True, 64, 4)
     devices = (np.arange(step.n_nodes) % training_graph(g).n_nodes) % 3  # copies alike
     stamped = SimpleNamespace(placement=devices, graph_hash=step.graph_hash)
     path = tmp_path / "p.json"
-    save_placement(place_graph(step, "k80x3", placer="round_robin"), step,
-                   load_cluster("k80x3"), path)
-    for placement in (stamped, devices, path):
+    by_file = place_graph(step, "k80x3", placer="round_robin")
+    save_placement(by_file, step, load_cluster("k80x3"), path)
+    for placement, want in ((stamped, devices), (devices, devices), (path, by_file.placement)):
         placed = apply(copy.deepcopy(model), x, placement, CPUS, batch=64, micro_batches=4)
-        assert list(placed.op_devices.values()) == placement_slots(
-            g, placement, 3, batch=64, micro_batches=4).tolist()
+        assert list(placed.op_devices.values()) == want[:g.n_nodes].tolist()  # micro-batch 0
         assert torch.equal(placed(*x), model(*x))
-    assert list(placed.op_devices.values()) != [0] * g.n_nodes  # round robin: several
+    assert len(set(by_file.placement[:g.n_nodes].tolist())) > 1  # round robin: several
+    forward = place(g, "k80x3", order="topo", placer="round_robin", training=False, batch=64,
+                    micro_batches=2)  # a forward-only placement, as place makes it
+    placed = apply(copy.deepcopy(model), x, forward, CPUS, training=False, batch=64,
+                   micro_batches=2)
+    assert list(placed.op_devices.values()) == forward.placement[:g.n_nodes].tolist()
     with pytest.raises(TravorderError, match=rf"\({g.name!r}\): the model or its input shapes "
-                                             r"changed since placing, or it was placed at "
-                                             r"another batch"):
+                                             r"changed since placing, or it was placed "
+                                             r"forward only, at another batch"):
         apply(model, x, stamped, CPUS)
-    with pytest.raises(TravorderError, match=r"at batch 64 over 2 micro-batches: "):
+    with pytest.raises(TravorderError, match=r"\(batch 64, 2 micro-batches\): "):
         apply(model, x, stamped, CPUS, batch=64, micro_batches=2)
+    with pytest.raises(TravorderError, match=r"\(forward only, batch 64, 4 micro-batches\)"):
+        apply(model, x, stamped, CPUS, training=False, batch=64, micro_batches=4)
     with pytest.raises(TravorderError, match=rf"placement has {step.n_nodes} devices .* "
-                                             rf"training step\)$"):
+                                             rf"training step\): .*give the same training=, "
+                                             rf"batch= and micro_batches="):
         apply(model, x, devices, CPUS)
 
 

@@ -731,7 +731,8 @@ def test_budget_starts_once_the_pick_is_placed(model_dir, onnx_model, monkeypatc
     assert len(none.verified) == 1
 
 
-def test_budget_can_recommend_an_order_the_model_does_not_know(frame, onnx_model, tmp_path):
+def test_budget_can_recommend_an_order_the_model_does_not_know(capsys, frame, onnx_model,
+                                                               tmp_path):
     # A model of bfs and alpha only: on this graph five orders it never saw are faster.
     two = frame.drop(columns=["time_topo", "time_dfs_preorder"]).assign(time_alpha=1.2)
     data = design_matrix(two)
@@ -743,6 +744,13 @@ def test_budget_can_recommend_an_order_the_model_does_not_know(frame, onnx_model
     assert json.loads(json_text(rec.to_dict()))["probability"] is None
     assert list(rec.verified)[:len(rec.tied)] == rec.tied  # fastest first
     assert rec.verified["bfs"] > rec.verified[rec.order]
+    explained = recommend_order(onnx_model, "k80x3", predictor=str(tmp_path), budget=60,
+                                explain=True)
+    assert explained.order == rec.order and explained.contributions is None
+    code, out, _ = _run(capsys, onnx_model, "--predictor", str(tmp_path), "--budget", "60",
+                        "--explain")
+    assert code == 0 and f"features that drove it: none: the model does not know " \
+        f"{rec.order}" in out
 
 
 def test_budget_on_the_command_line(capsys, model_dir, onnx_model):
@@ -827,7 +835,10 @@ def test_warns_that_orders_cannot_differ_on_one_device(capsys, onnx_model, tmp_p
     assert set(rec.expected_regret.values()) == {0.0} and rec.runner_up_regret == 0.0
     assert len(set(rec.probabilities.values())) == 1  # known, not predicted
     save_cluster(one, tmp_path / "one.toml")
-    code, out, _ = _run(capsys, onnx_model, "--cluster", str(tmp_path / "one.toml"))
-    assert code == 0 and "recommended order: any: every order places everything on the " \
-        "one device" in out
-    assert "expected regret" not in out and "outside the training data" not in out
+    for check in ([], ["--verify", "2"], ["--budget", "0"]):  # nothing to check
+        code, out, _ = _run(capsys, onnx_model, "--cluster", str(tmp_path / "one.toml"),
+                            *check)
+        assert code == 0 and "recommended order: any: every order places everything on " \
+            "the one device" in out
+        assert "runner-up:         none: all 11 orders are tied" in out  # the model knows 3
+        assert "regret" not in out and "outside the training data" not in out

@@ -22,6 +22,7 @@ import numpy as np
 from travorder.errors import TravorderError, check_seed
 from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
+from travorder.graph.prepare import placed_graph
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
@@ -53,10 +54,11 @@ class Recommendation:
     ``confidence``: ``"high"`` or ``"low"`` (a recommendation checked against no other
     order whose probability is under one half or whose graph or cluster lies outside the
     training data); ``warnings``: the features outside the training data's range (on a
-    cluster of one device only that every order ties there: its regrets are then 0 and
-    its probabilities uniform);
+    cluster of one device only that every order ties there: its regrets are then 0, its
+    probabilities uniform, every order of travorder's ``tied`` and none checked);
     ``contributions``: with ``explain=True``, each feature's contribution to the
-    predictor's score of ``order``, largest first;
+    predictor's score of ``order``, largest first (None for an order the model does not
+    know);
     ``verified``: the simulated step time (us) of each order checked by placement
     (``verify=k`` or ``budget=``), the placements that fit in memory fastest first, then
     the others (``budget=`` checks the model's orders best-ranked first, then those it does
@@ -148,15 +150,6 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
                       batch=batch, micro_batches=micro_batches)
 
 
-def placed_graph(g: OpGraph, training: bool = True, batch: int | None = None,
-                 micro_batches: int = 1) -> OpGraph:
-    """The graph a placement of ``g`` is for: its training step (unless not
-    ``training``) at ``batch`` (default: as exported), pipelined over ``micro_batches``,
-    never coarsened."""
-    return Scenario(batch="export" if batch is None else batch,
-                    micro_batches=micro_batches).prepare(g, training, 0)
-
-
 def user_scenario(batch: int | None, micro_batches: int, manifest: dict[str, Any]
                   ) -> Scenario:
     """The scenario of a user's model: their batch and micro-batches, coarsened as the
@@ -215,7 +208,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     expected = dict(zip(names, regret.tolist(), strict=True))
     verified = placement = check_s = None
     exact = False
-    if verify or budget is not None:
+    if (verify or budget is not None) and c.n_devices > 1:  # one device: nothing to check
         from travorder.placement.orders import ORDERS  # networkx: off the common path
 
         candidates = [names[j] for j in est.shortlist(row, verify or len(names))[0]]
@@ -238,6 +231,10 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         ranked = [names[j] for j in ranked]
         tied = [o for o in ranked if expected[o] <= regret.min() + est.tie_tolerance_]
         margin = max(expected[o] for o in tied) - min(expected[o] for o in tied)
+        if c.n_devices == 1:  # every order of travorder's, known to the model or not
+            from travorder.placement.orders import ORDERS
+
+            tied += [o for o in ORDERS if o not in tied]
     best = ranked[0]
     second = next((o for o in ranked if o not in tied), ranked[1])
     runner_up_regret = verified[second] / verified[best] - 1.0 \

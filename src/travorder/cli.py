@@ -1059,7 +1059,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         print(f"warning: {line}")
     if len(rec.warnings) > 3:
         print(f"warning: and {len(rec.warnings) - 3} more features outside the training range")
-    if rec.contributions is not None:
+    if args.explain and rec.contributions is None:
+        print(f"features that drove it: none: the model does not know {rec.order}")
+    elif rec.contributions is not None:
         print("features that drove it (contribution to the score):")
         for name, value in list(rec.contributions.items())[:args.top]:
             print(f"  {name:<36} {value:+.3f}")

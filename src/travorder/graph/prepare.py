@@ -1,9 +1,12 @@
-"""The graph a placer sees: a training step, optionally coarsened."""
+"""The graph a placer sees: a training step, optionally coarsened; the graph a user's
+placement is for: a training step at a batch, pipelined."""
 
 from __future__ import annotations
 
+from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
 from travorder.graph.opgraph import OpGraph
+from travorder.graph.pipeline import pipeline_graph
 from travorder.graph.training import training_graph
 
 
@@ -16,3 +19,12 @@ def prepare_graph(graph: OpGraph, training: bool = True, coarsen_max_nodes: int 
     if coarsen_max_nodes and g.n_nodes > coarsen_max_nodes:
         g = coarsen(g, coarsen_max_nodes).graph
     return g
+
+
+def placed_graph(graph: OpGraph, training: bool = True, batch: int | None = None,
+                 micro_batches: int = 1) -> OpGraph:
+    """The graph a placement of ``graph`` is for: its training step (unless not
+    ``training``) at ``batch`` (default: as exported), pipelined over ``micro_batches``,
+    never coarsened (what ``travorder.place`` places)."""
+    g = graph if batch is None else scale_batch(graph, batch)
+    return pipeline_graph(prepare_graph(g, training), micro_batches)

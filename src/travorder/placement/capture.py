@@ -95,19 +95,29 @@ def trace(module: torch.nn.Module) -> fx.GraphModule:
 
 
 def _mutated(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
-    """The node whose tensor ``node`` changes in place, if it does: the first argument of a
-    method or function named with a trailing underscore (``relu_``), of one given
-    ``inplace=True`` or of a module whose ``inplace`` is set."""
-    if node.op not in OP_KINDS:
-        return None
-    if node.op == "call_module":
-        in_place = getattr(gm.get_submodule(node.target), "inplace", False) is True
+    """The node whose tensor ``node`` changes in place and returns, if it does: the input
+    of a tensor method named with a trailing underscore (``h.relu_()``), of a torch
+    function so named (``torch.sigmoid_``), of a torch function given ``inplace=True``
+    (``F.relu(h, inplace=True)``) or of a ``torch.nn`` module whose ``inplace`` is set
+    (``nn.ReLU(inplace=True)``). Functions of other names or libraries are not assumed
+    to return what they change (``clip_grad_norm_`` returns a norm)."""
+    if node.op == "call_method":
+        name = str(node.target)
+        in_place = name.endswith("_") and not name.startswith("_") \
+            and hasattr(torch.Tensor, name)
+    elif node.op == "call_function":
+        name = getattr(node.target, "__name__", "")
+        in_place = (name.endswith("_") and getattr(torch, name, None) is node.target) or (
+            node.kwargs.get("inplace") is True
+            and getattr(node.target, "__module__", "").startswith("torch"))
+    elif node.op == "call_module":
+        module = gm.get_submodule(node.target)
+        in_place = getattr(module, "inplace", False) is True \
+            and type(module).__module__.startswith("torch.nn")
     else:
-        name = str(node.target) if node.op == "call_method" else \
-            getattr(node.target, "__name__", "")
-        in_place = (name.endswith("_") and not name.startswith("_")) \
-            or node.kwargs.get("inplace") is True
-    first = node.args[0] if node.args else None
+        return None
+    first = node.args[0] if node.args else node.kwargs.get("input",
+                                                           node.kwargs.get("self"))
     return first if in_place and isinstance(first, fx.Node) else None
 
 
@@ -115,7 +125,8 @@ def follow_in_place(gm: fx.GraphModule) -> None:
     """Make every node after an in-place op on a tensor read that op's result instead of
     the tensor (the same tensor, which the op returns), so that the graph's edges carry
     the change: an op placed on another device gets a copy made after it, not before.
-    A change made through a view (``x.view(...).add_(1)``) is not followed.
+    Views are not followed: neither a change made through a view (``x.view(-1).add_(1)``)
+    nor one seen through a view taken before it (``v = h[0]; h.mul_(2)``).
 
     >>> import torch
     >>> class M(torch.nn.Module):

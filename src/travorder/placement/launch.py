@@ -45,9 +45,8 @@ from torch.func import functional_call
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from travorder.errors import TravorderError, first_line
-from travorder.graph.batch import scale_batch
 from travorder.graph.opgraph import OpGraph
-from travorder.graph.pipeline import pipeline_graph
+from travorder.graph.prepare import placed_graph
 from travorder.graph.training import training_graph
 from travorder.placement.capture import OP_KINDS, as_inputs, capture, node_tensors
 from travorder.placement.placement_file import load_placement
@@ -107,13 +106,15 @@ def check_device(device: str | torch.device) -> str:
 
 
 def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
-                    batch: int | None = None, micro_batches: int = 1) -> np.ndarray:
+                    training: bool = True, batch: int | None = None,
+                    micro_batches: int = 1) -> np.ndarray:
     """The device slot (index into the devices list) of every node of ``graph``.
 
     ``placement``: a `PlacementResult` or an array/sequence of device indices, for
-    ``graph`` (one per node), for ``training_graph(graph)`` or for that training step at
-    ``batch`` over ``micro_batches`` (as `travorder.place` places it; the forward ops of
-    micro-batch 0 are used, whose copies share their devices); a mapping node name ->
+    ``graph`` (one per node), for ``training_graph(graph)`` or for the graph
+    `travorder.place` places given ``training``, ``batch`` and ``micro_batches``
+    (`placed_graph`; the forward ops of micro-batch 0 are used, whose copies share their
+    devices); a mapping node name ->
     device index (names of other nodes are ignored); or a placement file (path). A
     placement file, or any object with a ``graph_hash`` attribute, must be for one of
     those graphs. A placement file or a `PlacementResult` knows its cluster:
@@ -121,10 +122,10 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
     only the first devices is still a placement for all).
     """
     n = graph.n_nodes
-    training = training_graph(graph)
-    step = training if batch is None and micro_batches == 1 else pipeline_graph(
-        training if batch is None else training_graph(scale_batch(graph, batch)),
-        micro_batches)
+    step_graph = training_graph(graph)
+    plain = training and batch is None and micro_batches == 1
+    step = step_graph if plain else placed_graph(graph, training, batch, micro_batches)
+    scaled = "" if plain else f" ({_scaled(training, batch, micro_batches)})"
     expected = getattr(placement, "graph_hash", None)
     peak = getattr(placement, "peak_memory", None)  # one entry per cluster device
     cluster_devices = None if peak is None else len(peak)
@@ -133,14 +134,11 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
         expected = str(doc["graph"].get("graph_hash"))
         cluster_devices = len(doc["devices"])
         placement = doc["placement"]
-    if expected is not None and expected not in (graph.graph_hash, training.graph_hash,
+    if expected is not None and expected not in (graph.graph_hash, step_graph.graph_hash,
                                                  step.graph_hash):
-        given = "" if step is training else f" at {_batch_of(batch, micro_batches)}"
         raise TravorderError(
             f"placement is for graph {expected[:12]}, not {graph.graph_hash[:12]} "
-            f"({graph.name!r}){given}: the model or its input shapes changed since placing, "
-            f"or it was placed at another batch or number of micro-batches (give the same "
-            f"batch= and micro_batches=)")
+            f"({graph.name!r}){scaled}: {_CHANGED}")
     if cluster_devices is not None and cluster_devices != n_devices:
         raise TravorderError(f"the placement is for a cluster of {cluster_devices} devices, "
                              f"but {n_devices} were given")
@@ -155,12 +153,11 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
     slots = np.asarray(placement)
     if slots.ndim != 1 or not (np.issubdtype(slots.dtype, np.integer) or slots.size == 0):
         raise TravorderError("a placement must be a list of device indices, one per op")
-    if slots.size not in (n, training.n_nodes, step.n_nodes):
+    if slots.size not in (n, step_graph.n_nodes, step.n_nodes):
+        also = "" if plain else f", or the {step.n_nodes} of the graph placed{scaled}"
         raise TravorderError(f"placement has {slots.size} devices for the {n} ops of "
-                             f"{graph.name} (or the {training.n_nodes} of its training "
-                             f"step" + ("" if step is training else f", or the {step.n_nodes} "
-                                        f"of that step at {_batch_of(batch, micro_batches)}")
-                             + ")")
+                             f"{graph.name} (or the {step_graph.n_nodes} of its training "
+                             f"step{also}): {_CHANGED}")
     slots = slots[:n].astype(np.int64)
     bad = np.flatnonzero((slots < 0) | (slots >= n_devices))
     if bad.size:
@@ -171,9 +168,15 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
     return slots
 
 
-def _batch_of(batch: int | None, micro_batches: int) -> str:
-    return (f"batch {batch}" if batch else "the captured batch") + \
-        f" over {micro_batches} micro-batch{'es' * (micro_batches != 1)}"
+_CHANGED = ("the model or its input shapes changed since placing, or it was placed "
+            "forward only, at another batch or over micro-batches (give the same "
+            "training=, batch= and micro_batches=)")
+
+
+def _scaled(training: bool, batch: int | None, micro_batches: int) -> str:
+    return ", ".join([*(["forward only"] if not training else []),
+                      f"batch {batch}" if batch else "the captured batch",
+                      f"{micro_batches} micro-batch{'es' * (micro_batches != 1)}"])
 
 
 def _placed_graph(gm: fx.GraphModule, slots: Mapping[str, int], devices: Sequence[str],
@@ -233,13 +236,14 @@ def _move_(tensor: torch.Tensor, device: str) -> None:
 
 def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
           devices: Sequence[str | torch.device], *, output_device: str | None = None,
-          batch: int | None = None, micro_batches: int = 1) -> fx.GraphModule:
+          training: bool = True, batch: int | None = None, micro_batches: int = 1
+          ) -> fx.GraphModule:
     """``module`` rewritten to run each op on its placed device (see the module docstring).
 
     ``example_inputs``: the forward call's positional arguments, used to capture the
     graph (the placement must be of that graph: same shapes). ``placement``: see
-    :func:`placement_slots`, with ``batch`` and ``micro_batches`` as given to
-    `travorder.place`. ``devices``: the torch device of each device index of the
+    :func:`placement_slots`, with ``training``, ``batch`` and ``micro_batches`` as given
+    to `travorder.place`. ``devices``: the torch device of each device index of the
     placement (e.g. ``["cuda:0", "cuda:1"]``, or ``["cpu"] * 3`` to test on CPU).
 
     The returned ``torch.fx.GraphModule`` carries ``devices`` (canonical names per slot),
@@ -269,7 +273,8 @@ def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
                              f"holds no data to place; load the weights first")
     cap = capture(module, example_inputs)
     names = cap.graph.names.tolist()
-    slots = dict(zip(names, placement_slots(cap.graph, placement, len(devs), batch=batch,
+    slots = dict(zip(names, placement_slots(cap.graph, placement, len(devs),
+                                            training=training, batch=batch,
                                             micro_batches=micro_batches).tolist(),
                      strict=True))
     tensor_slots = {t: slots[users[0]] for t, users in cap.tensor_users.items()}
