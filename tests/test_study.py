@@ -168,6 +168,22 @@ def test_one_run_at_a_time_writes_a_store(tmp_path):
     assert again.skipped == again.total
 
 
+def test_a_scenario_name_keeps_its_definition_in_a_store(tmp_path):
+    store = tmp_path / "s.sqlite"
+    first = {"name": "pipe", "batch": "train", "micro_batches": 2}
+    small = {"orders": ["topo", "bfs"], "order_seeds": {}}
+    run_study(spec(**small, scenarios=[first]), store, progress=False)
+    before = outcomes(store)
+    with pytest.raises(TravorderError, match=r"scenario 'pipe' is defined otherwise in store "
+                                             r".*\(micro_batches 2, now 4\): give it another"):
+        run_study(spec(**small, scenarios=[{**first, "micro_batches": 4}]), store,
+                  progress=False)
+    assert outcomes(store) == before  # the earlier rows keep their features
+    renamed = run_study(spec(**small, scenarios=[{**first, "name": "pipe4",
+                                                  "micro_batches": 4}]), store, progress=False)
+    assert renamed.ran == renamed.total
+
+
 def test_an_empty_file_is_no_store_until_ray_answers(tmp_path):
     pytest.importorskip("ray")
     empty = tmp_path / "s.sqlite"

@@ -42,7 +42,7 @@ from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.placement import Cluster, place_graph
 from travorder.study.jobs import Job, cluster_hash, run_jobs_safely, spec_jobs
-from travorder.study.scenarios import Scenario, features_of
+from travorder.study.scenarios import Scenario, features_of, scenario_definitions
 from travorder.study.spec import StudySpec, load_spec
 from travorder.study.store import ResultStore
 
@@ -280,6 +280,23 @@ def progress_bar(enabled: bool, **options: Any) -> Any:
     )
 
 
+def _check_scenario_names(spec: StudySpec, stored: dict[str, Scenario],
+                          store_path: str | os.PathLike[str]) -> None:
+    """Refuse a scenario whose name the store already gives to another definition: the
+    store keys a graph's features by scenario name, so the earlier rows would take the
+    new definition's features."""
+    for scenario in spec.scenarios:
+        before = stored.get(scenario.name)
+        if before is None or before == scenario:
+            continue
+        old, new = before.to_dict(), scenario.to_dict()
+        changed = ", ".join(f"{k} {old.get(k)!r}, now {new.get(k)!r}"
+                            for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k))
+        raise TravorderError(f"scenario {scenario.name!r} is defined otherwise in store "
+                             f"{str(store_path)!r} ({changed}): give it another name, or use "
+                             f"another store")
+
+
 def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.PathLike[str],
               jobs: int = 1, backend: str = "loky", address: str | None = None,
               progress: bool = True) -> StudySummary:
@@ -307,6 +324,7 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
             cleanup.callback(sys.modules["ray"].shutdown)
         store = cleanup.enter_context(ResultStore(store_path))
         cleanup.enter_context(_sole_writer(store.path))
+        _check_scenario_names(spec, scenario_definitions(store.connection), store_path)
         store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
         done_before = store.done_ids()
         todo = [j for j in all_jobs if j.job_id not in done_before]
