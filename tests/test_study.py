@@ -713,6 +713,26 @@ def test_report_of_several_sources_keeps_coarsening_levels_apart(tmp_path):
     assert both["beyond_noise"].tolist() == [0.0, 0.0]
 
 
+def test_report_of_sources_that_ran_other_orders_names_only_orders_that_ran(tmp_path):
+    _hand_store(tmp_path / "h.sqlite")
+    export_dataset(tmp_path / "h.sqlite", tmp_path / "h.parquet")
+    data = load_dataset(tmp_path / "h.parquet")
+    ran = ("topo", "alpha")  # another placer's study of two orders
+    other = data.assign(placer="other", config_hash="other", ties="topo", best_order="topo",
+                        best_time_us=100.0)
+    for o in set(dataset_orders(data)) - set(ran):
+        other[[f"time_{o}", f"se_{o}", f"seeds_{o}", f"feasible_{o}"]] = np.nan
+    other.to_parquet(tmp_path / "o.parquet")
+    mixed = read_sources([tmp_path / "h.parquet", tmp_path / "o.parquet"])
+    recs = recommendations(mixed).set_index("placer")
+    assert recs.loc["other", ["recommended", "equivalent", "runner_up"]].tolist() == [
+        "topo", "topo", "alpha"]
+    assert recs.loc["other", "topo_ratio"] == 1.0 and recs.loc["greedy", "recommended"] == "bfs"
+    write_report([tmp_path / "h.parquet", tmp_path / "o.parquet"], tmp_path / "r")
+    page = (tmp_path / "r" / "index.html").read_text()
+    assert "nan" not in page.lower() and "(other): use <code>topo</code>" in page
+
+
 def test_report_draws_rl_learning_curves(tmp_path):
     store = tmp_path / "rl.sqlite"
     g = OpGraph(["a", "b"], [0], [1], meta={"name": "g", "family": "f", "source": "s"})

@@ -120,12 +120,12 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
 
     rows = []
     wins, ratio = win_shares(data), ratios(data)
-    reference = "topo" if "topo" in ratio else "topo_lifo"
     for (placer, scenario, level, family), idx in data.groupby(
             ["placer", "scenario", coarsening(data), "family"]).groups.items():
         share = wins.loc[idx].mean()
-        geo = np.exp(np.log(ratio.loc[idx]).mean())
-        ranked = sorted(share.index, key=lambda o: (geo[o], -share[o], o))
+        geo = np.exp(np.log(ratio.loc[idx]).mean()).dropna()  # the orders that ran here
+        reference = "topo" if "topo" in geo else "topo_lifo"
+        ranked = sorted(geo.index, key=lambda o: (geo[o], -share[o], o))
         best, second = ranked[0], ranked[1] if len(ranked) > 1 else None
         rows.append({
             "placer": placer, "scenario": scenario, "coarsening": level, "family": family,
@@ -256,6 +256,15 @@ def _save(fig: Any, path: Path, dpi: int = 110) -> None:
     fig.savefig(buf, format="png", dpi=dpi)
     plt.close(fig)
     Image.open(buf).convert("RGB").quantize(256).save(path, optimize=True)
+
+
+def _orders_run(data: Any) -> Any:
+    """``data`` without the columns of the orders that ran on none of its rows (sources
+    whose studies ran other orders: a mix of placers, say)."""
+    gone = {o for o in dataset_orders(data) if data[f"time_{o}"].isna().all()}
+    return data.drop(columns=[c for c in data.columns
+                              if c.partition("_")[0] in ("time", "se", "seeds", "feasible")
+                              and c.partition("_")[2] in gone])
 
 
 def _heatmaps(data: Any, path: Path, title: str) -> None:
@@ -411,7 +420,8 @@ def _table_html(table: Any) -> str:
 def _sentence(r: Any, rel_tol: float) -> str:
     others = r.equivalent.split(",")[1:]
     also = (f" (as good within {100 * rel_tol:g}%: {', '.join(others)})" if others else "")
-    topo = f"; <code>{r.topo_order}</code> {r.topo_ratio:.3f}x" if r.topo_ratio else ""
+    topo = f"; <code>{r.topo_order}</code> {r.topo_ratio:.3f}x" \
+        if isinstance(r.topo_order, str) else ""
     return (f"<li><b>{html.escape(r.family)}</b> ({html.escape(r.placer)}): use "
             f"<code>{html.escape(r.recommended)}</code>{html.escape(also)} in "
             f"{html.escape(r.scenario)}: win share "
@@ -485,7 +495,7 @@ def _write_report(sources: list[Any], data: Any, out: Path, study: str | None,
     sections = []
     for (placer, scenario, level), part in data.groupby(
             ["placer", "scenario", coarsening(data)], sort=False):
-        part = part.reset_index(drop=True)
+        part = _orders_run(part.reset_index(drop=True))
         tag = f"{_slug(placer)}_{_slug(scenario)}_{_slug(level).strip('_')}"
         clusters = ", ".join(sorted(part["cluster"].unique()))
         title = f"{placer}, {scenario}, coarsened {level}: {len(part)} rows ({clusters})"
