@@ -105,6 +105,22 @@ def test_train_without_the_clusters_skips_the_order_splits(small_dataset, tmp_pa
         evaluate_sources([path], kinds=("regressor",), structure=["order_split"], folds=2)
 
 
+def test_orders_left_out_of_a_mix_of_studies_are_said(small_dataset, tmp_path):
+    frame = pd.read_parquet(small_dataset)
+    families = sorted(frame["family"].unique())
+    fewer = frame[frame["family"].isin(families[:2])].drop(
+        columns=[f"{p}_alpha" for p in ("time", "se", "seeds", "feasible")])
+    parts = [tmp_path / "all.parquet", tmp_path / "fewer.parquet"]
+    frame[frame["family"].isin(families[2:])].to_parquet(parts[0])
+    fewer.to_parquet(parts[1])
+    lines: list[str] = []
+    ev = evaluate_sources(parts, kinds=("regressor",), folds=2, progress=lines.append,
+                          params={"n_estimators": 5, "min_child_samples": 2})
+    assert "note: 1 order left out, which not every row has: alpha; learning the 5 every " \
+        "row has" in lines
+    assert "alpha" not in ev.table.columns.tolist() + ev.table.index.tolist()
+
+
 def test_train_refuses_two_study_settings_before_evaluating(small_dataset, tmp_path,
                                                             monkeypatch):
     from travorder.predictor import train

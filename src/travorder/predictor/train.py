@@ -36,7 +36,7 @@ from travorder.predictor.model import (
     tie_ranking,
 )
 from travorder.predictor.structure import BLOCKS, order_splits, order_statistics
-from travorder.study.export import as_placed, read_sources
+from travorder.study.export import as_placed, dataset_orders, read_sources
 
 if TYPE_CHECKING:  # torch and torch-geometric are imported only to train the network
     from travorder.predictor.gnn import TrainedGNN
@@ -80,6 +80,22 @@ def _placer_rows(frame: pd.DataFrame, placer: str | None, what: str = "data"
     return frame[frame["placer"] == placer].reset_index(drop=True)
 
 
+def _design_matrix(frame: pd.DataFrame, progress: Callable[[str], None] | None
+                   ) -> TrainingData:
+    """`design_matrix` of a dataset to learn from, held out by family: at least two
+    families; ``progress`` hears of the orders left out because some rows lack them (a
+    mix of studies that ran other orders)."""
+    data = design_matrix(frame)
+    if len(np.unique(data.family)) < 2:
+        raise TravorderError("leave-family-out evaluation needs at least two families")
+    left_out = [o for o in dataset_orders(frame) if o not in data.orders]
+    if left_out and progress:
+        n = len(left_out)
+        progress(f"note: {n} order{'s' * (n != 1)} left out, which not every row has: "
+                 f"{', '.join(left_out)}; learning the {len(data.orders)} every row has")
+    return data
+
+
 def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
                      test_sources: Sequence[str | os.PathLike[str]] | None = None, *,
                      placer: str | None = None, kinds: Sequence[str] = KINDS,
@@ -97,9 +113,7 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
     if folds is not None and folds < 2:
         raise TravorderError(f"--folds must be at least 2, got {folds}")
     frame = _placer_rows(read_sources(sources), placer)
-    data = design_matrix(frame)
-    if len(np.unique(data.family)) < 2:
-        raise TravorderError("leave-family-out evaluation needs at least two families")
+    data = _design_matrix(frame, progress)
     test = None
     if test_sources:
         if "gnn" in structure:
@@ -268,9 +282,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     # one study setting, checked before the long evaluation
     training = bool(_one_value(frame, "training", True))
     coarsen_max_nodes = int(_one_value(frame, "coarsen_max_nodes", 0))
-    data = design_matrix(frame)
-    if len(np.unique(data.family)) < 2:
-        raise TravorderError("leave-family-out evaluation needs at least two families")
+    data = _design_matrix(frame, progress)
     params = dict(params or {})
     extra = structure_columns(data, structure, folds, corpus_dir, gnn_params,
                               _fixed_tolerance(params), progress)
