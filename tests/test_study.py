@@ -101,6 +101,9 @@ def test_prepare_graph_expands_and_coarsens():
     ({"clusters": ["missing.toml"]}, "no such cluster file"),
     ({"placer": {"name": "magic"}}, "unknown placer 'magic'"),
     ({"placer": {"name": "greedy", "budget": 3}}, "unknown setting 'budget'"),
+    ({"placer": {"name": "rl", "options": {"episodes": "5"}}},  # another config hash
+     "placer.options.episodes is the string '5': write it as a number, without quotes"),
+    ({"placer": {"name": "greedy", "options": {"colocate": "false"}}}, "as a boolean"),
     ({"order_seeds": {"alpha": [1]}}, "order_seeds names 'alpha'"),
     ({"graphs": {}}, "graphs selects nothing"),
     ({"graphs": {"synthetic": [{"family": "hexagon"}]}}, "unknown synthetic family"),

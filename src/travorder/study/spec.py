@@ -198,6 +198,20 @@ def load_spec(path: str | os.PathLike[str]) -> StudySpec:
     return StudySpec.from_dict(data, p.parent, source=f"study spec {str(p)!r}")
 
 
+def _looks_typed(text: str) -> str:
+    """``"number"`` or ``"boolean"`` if TOML would read ``text`` unquoted as one, else
+    ``""``.
+
+    >>> _looks_typed("5"), _looks_typed("1e-3"), _looks_typed("true"), _looks_typed("gcn")
+    ('number', 'number', 'boolean', '')
+    """
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return ""
+    return {bool: "boolean", int: "number", float: "number"}.get(type(value), "")
+
+
 def _hash(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
 
@@ -356,6 +370,10 @@ def _parse(data: Mapping[str, Any], base: Path, where: str) -> StudySpec:
         raise TravorderError(f"{where}: unknown placer {placer.get('name')!r} (valid: "
                              f"{', '.join(sorted(PLACERS))})")
     options = dict(_table(placer.get("options", {}), f"{where}: placer.options"))
+    for key, value in options.items():  # the job's configuration is the options as given
+        if isinstance(value, str) and _looks_typed(value):
+            raise TravorderError(f"{where}: placer.options.{key} is the string {value!r}: "
+                                 f"write it as a {_looks_typed(value)}, without quotes")
 
     graphs = _table(data["graphs"], f"{where}: graphs")
     _unknown(graphs, _GRAPH_KEYS, f"{where}: graphs")
