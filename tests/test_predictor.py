@@ -464,6 +464,9 @@ def test_text_models_of_older_versions_load(model_dir, tmp_path, suffix):
 def test_missing_model_dir(tmp_path):
     with pytest.raises(FormatError, match="no predictor here"):
         OrderPredictor.load(tmp_path)
+    (tmp_path / "spec.toml").write_text("name = 's'\n")
+    with pytest.raises(FormatError, match=r"spec\.toml: a file, not a predictor's folder"):
+        OrderPredictor.load(tmp_path / "spec.toml")
 
 
 def test_recommend_path_never_imports_torch_or_the_training_libraries(model_dir, onnx_model):

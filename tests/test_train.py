@@ -86,6 +86,10 @@ def test_train_without_the_graphs_falls_back_to_graph_features(small_dataset, tm
                           params={"n_estimators": 5, "min_child_samples": 2}, folds=10)
     manifest = json.loads((tmp_path / "model" / MANIFEST).read_text())
     assert manifest["evaluation_folds"] == 4  # four families: four folds, not ten
+    with pytest.raises(TravorderError, match=r"not in the corpus \(e\.g\. .*\), and the "
+                                             r"order_stats, order_split and gnn blocks need "
+                                             r"the graphs the study placed: leave those"):
+        evaluate_sources([path], kinds=("regressor",), structure=["order_stats"], folds=2)
 
 
 def test_train_without_the_clusters_skips_the_order_splits(small_dataset, tmp_path):

@@ -529,6 +529,8 @@ class OrderPredictor:
     def load(cls, directory: str | os.PathLike[str]) -> tuple[OrderPredictor, dict[str, Any]]:
         """Read a predictor written by `save`: ``(predictor, manifest)``."""
         d = Path(directory)
+        if d.exists() and not d.is_dir():
+            raise FormatError(f"{d}: a file, not a predictor's folder (with {MANIFEST})")
         try:
             doc = json.loads((d / MANIFEST).read_text())
         except FileNotFoundError:
