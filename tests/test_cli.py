@@ -265,9 +265,16 @@ params = {n_layers = 4}
 def test_study_commands_run_status_export_report(capsys, tmp_path):
     spec, store = tmp_path / "tiny.toml", tmp_path / "s.sqlite"
     spec.write_text(SPEC)
-    code, out, _ = run(capsys, "study", "run", str(spec), "--store", str(store),
-                       "--no-progress")
-    assert code == 0 and "4 jobs" in out and "ran 4" in out
+    code, out, err = run(capsys, "study", "run", str(spec), "--store", str(store),
+                         "--no-progress")
+    assert code == 0 and "4 jobs" in out and "ran 4" in out and "warning" not in err
+    etf = tmp_path / "etf.toml"
+    etf.write_text(SPEC.replace('"greedy"', '"m_etf"'))
+    code, out, err = run(capsys, "study", "run", str(etf), "--store", str(tmp_path / "e.db"),
+                         "--no-progress")
+    assert code == 0 and err == ("warning: placer 'm_etf' fixes its own visiting order: "
+                                 "every order gives it the same placement, so the study's "
+                                 "2 orders will all tie\n")
     code, out, _ = run(capsys, "study", "run", str(spec), "--store", str(store))
     assert code == 0 and "ran 0" in out and out.count("\n") == 1  # progress: on stderr
     code, out, _ = run(capsys, "study", "status", "--store", str(store), "--json")

@@ -456,10 +456,17 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- study
 def cmd_study_run(args: argparse.Namespace) -> int:
+    from travorder.placement.placers import ORDER_FREE
     from travorder.study.runner import run_study
+    from travorder.study.spec import load_spec
 
     _check_out(args.store, args.spec)
-    r = run_study(args.spec, args.store, jobs=args.jobs, backend=args.backend,
+    spec = load_spec(args.spec)
+    if spec.placer in ORDER_FREE and len(spec.orders) > 1:
+        print(f"warning: placer {spec.placer!r} fixes its own visiting order: every order "
+              f"gives it the same placement, so the study's {len(spec.orders)} orders will "
+              f"all tie", file=sys.stderr)
+    r = run_study(spec, args.store, jobs=args.jobs, backend=args.backend,
                   address=args.address, progress=not args.no_progress)
     print(f"study {r.name}: {r.total} job{'s' * (r.total != 1)}, {r.skipped} already done, "
           f"ran {r.ran} ({r.done} done, {r.failed} failed) in {r.wall_s:.1f} s; "

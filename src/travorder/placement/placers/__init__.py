@@ -50,6 +50,10 @@ from travorder.placement.simulator import Simulator
 
 PlacerFn = Callable[..., Any]
 
+#: The placers that fix their own visiting order (Baechi's, and one device for all):
+#: every traversal order gives them the same placement.
+ORDER_FREE = frozenset({"single", "m_topo", "m_etf", "m_sct"})
+
 #: Placer name -> function(graph, cluster, order_indices, seed, **options).
 PLACERS: dict[str, PlacerFn] = {
     "single": single,
