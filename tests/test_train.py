@@ -109,6 +109,23 @@ def test_train_without_the_clusters_skips_the_order_splits(small_dataset, tmp_pa
         evaluate_sources([path], kinds=("regressor",), structure=["order_split"], folds=2)
 
 
+def test_evaluate_reads_the_graphs_of_the_corpus_given(small_dataset, tmp_path, capsys):
+    from travorder.cli import main
+    from travorder.datasets.corpus import add_to_corpus, load_corpus, read_manifest
+
+    hashes = set(pd.read_parquet(small_dataset)["graph_hash"])
+    names = [e["name"] for e in read_manifest() if e["graph_hash"] in hashes]
+    graphs = load_corpus(names=names)
+    add_to_corpus(graphs, tmp_path / "all")
+    add_to_corpus(graphs[:1], tmp_path / "one")
+    argv = ["evaluate", "--data", small_dataset, "--kinds", "regressor", "--folds", "2",
+            "--structure", "order_stats", "--corpus"]
+    assert main([*argv, str(tmp_path / "all")]) == 0
+    assert "order statistics of 20 prepared graphs" in capsys.readouterr().err  # 10 x 2
+    assert main([*argv, str(tmp_path / "one")]) == 2
+    assert "not in the corpus" in capsys.readouterr().err
+
+
 def test_orders_left_out_of_a_mix_of_studies_are_said(small_dataset, tmp_path):
     frame = pd.read_parquet(small_dataset)
     families = sorted(frame["family"].unique())

@@ -621,7 +621,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         _check_placer(args.placer)
     _check_out_dir(args.out)
     res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
-                          progress=progress)
+                          corpus_dir=args.corpus, progress=progress)
     _print_evaluation(res.evaluation, per_family=False, methods=[res.method])
     print(res.comparison)
     print(f"trained {res.method} on {len(res.frame)} rows; wrote {args.out}")
@@ -646,7 +646,7 @@ def cmd_evaluate(args: argparse.Namespace) -> None:
         _check_placer(args.placer)
     ev = evaluate_sources(args.data, args.test_data, placer=args.placer,
                           kinds=_kinds(args.kinds), structure=_blocks(args.structure),
-                          folds=args.folds, placed=args.as_placed,
+                          folds=args.folds, placed=args.as_placed, corpus_dir=args.corpus,
                           progress=lambda line: print(line, file=sys.stderr, flush=True))
     if args.json:
         _print_json({**ev.summary(), "as_placed": args.as_placed,
@@ -829,6 +829,10 @@ def build_parser() -> argparse.ArgumentParser:
     data_opts.add_argument("--placer", help="learn from this placer's results")
     data_opts.add_argument("--kinds", default="classifier,regressor,ranker",
                            help="predictor kinds to compare (comma-separated)")
+    data_opts.add_argument("--corpus", metavar="DIR",
+                           help="the corpus the studies' graphs came from (`zoo build`), "
+                                "for the feature blocks that need the graphs (default: "
+                                "the bundled one)")
 
     p = sub.add_parser("train", parents=[data_opts],
                        help="train the order predictor on study results")

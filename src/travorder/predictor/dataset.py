@@ -140,7 +140,8 @@ def prepared_graphs(frame: pd.DataFrame, corpus_dir: str | None = None
         raise TravorderError(f"{len(missing)} graphs of the dataset are not in the corpus "
                              f"(e.g. {name!r}), and the order_stats, order_split and gnn "
                              f"blocks need the graphs the study placed: leave those blocks "
-                             f"out, or give the corpus they came from (corpus_dir=)")
+                             f"out, or give the corpus they came from (--corpus, "
+                             f"corpus_dir=)")
     defs = frame["scenario_def"] if "scenario_def" in frame.columns else [None] * len(frame)
     keys = list(zip(frame["graph_hash"], frame.get("training", True),
                     frame.get("coarsen_max_nodes", 0), defs, strict=True))
