@@ -677,6 +677,9 @@ def test_report_writes_page_and_figures(tmp_path):
     assert rec["topo_ratio"] == pytest.approx(100 / 95) and rec["topo_order"] == "topo"
     lifo = next(recommendations(data).assign(topo_order="topo_lifo").itertuples())
     assert "; <code>topo_lifo</code> 1.053x" in _sentence(lifo, 0.01)  # the order measured
+    tied = next(recommendations(data).assign(equivalent="bfs,topo", orders=2).itertuples())
+    assert _sentence(tied, 0.01) == ("<li><b>fam</b> (greedy): any order in batch=export: "
+                                     "all 2 within 1% of the best on average</li>")
     summary = scenario_summary(data).iloc[0].to_dict()
     assert summary == {
         "placer": "greedy", "scenario": "batch=export", "coarsening": "none",

@@ -32,7 +32,9 @@ The recommendations table gives, per placer, scenario, coarsening level and fami
 its clusters), the order with the lowest geometric-mean ratio to the best order (ties: the
 larger winning share), that ratio, its winning share, the runner-up, and for comparison the
 ratio of ``topo`` (of ``topo_lifo``, the published study's ``topo``, where ``topo`` did not
-run; column ``topo_order`` says which).
+run; column ``topo_order`` says which), over the ``orders`` that ran there; where all of them
+are within the tie tolerance of the best (a placer that fixes its own visiting order,
+say), the page says "any order".
 
 Given ``evaluations`` (per placer, the predictor's leave-family-out evaluation on this
 study's dataset, which ``travorder study report --evaluate`` computes), the report adds
@@ -131,7 +133,7 @@ def recommendations(data: Any, rel_tol: float = REL_TOL) -> Any:
             "placer": placer, "scenario": scenario, "coarsening": level, "family": family,
             "graphs": int(data.loc[idx, "graph"].nunique()),
             "clusters": int(data.loc[idx, "cluster"].nunique()),
-            "recommended": best,
+            "recommended": best, "orders": len(ranked),
             "equivalent": ",".join(o for o in ranked if geo[o] <= geo[best] * (1 + rel_tol)),
             "win_share": float(share[best]),
             "mean_ratio": float(geo[best]),
@@ -419,6 +421,10 @@ def _table_html(table: Any) -> str:
 
 def _sentence(r: Any, rel_tol: float) -> str:
     others = r.equivalent.split(",")[1:]
+    if len(others) + 1 == r.orders > 1:  # an order-free placer, say: nothing to pick
+        return (f"<li><b>{html.escape(r.family)}</b> ({html.escape(r.placer)}): any order "
+                f"in {html.escape(r.scenario)}: all {r.orders} within {100 * rel_tol:g}% of "
+                f"the best on average</li>")
     also = (f" (as good within {100 * rel_tol:g}%: {', '.join(others)})" if others else "")
     topo = f"; <code>{r.topo_order}</code> {r.topo_ratio:.3f}x" \
         if isinstance(r.topo_order, str) else ""
