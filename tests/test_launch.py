@@ -137,7 +137,9 @@ class _InPlace(nn.Module):
         F.relu(g, inplace=True)
         z = y * 3
         torch.sigmoid_(z)
-        return g * h + z
+        u = h - 1
+        F.leaky_relu_(u, 0.1)  # torch._C._nn's, through torch.nn.functional
+        return g * h + z + u
 
 
 @pytest.mark.parametrize("placement", ["alternating", "halves", "random"])
@@ -149,7 +151,8 @@ def test_in_place_ops_on_separate_devices_change_what_follows(monkeypatch, place
     g = capture_graph(model, x)
     edges = set(zip(g.names[g.src].tolist(), g.names[g.dst].tolist(), strict=True))
     assert {("mul_", "relu"), ("relu", "b"), ("add_", "relu_1"), ("relu", "mul_1"),
-            ("relu_1", "mul_1"), ("sigmoid_", "add")} <= edges
+            ("relu_1", "mul_1"), ("sigmoid_", "add"),
+            ("leaky_relu_", "add_1")} <= edges
     assert not {("a", "relu"), ("b", "relu_1"), ("mul", "add")} & edges
     ref = copy.deepcopy(model)
     placed = apply(model, x, _placements(g.n_nodes)[placement], CPUS)

@@ -97,7 +97,8 @@ def trace(module: torch.nn.Module) -> fx.GraphModule:
 def _mutated(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     """The node whose tensor ``node`` changes in place and returns, if it does: the input
     of a tensor method named with a trailing underscore (``h.relu_()``), of a torch
-    function so named (``torch.sigmoid_``), of a torch function given ``inplace=True``
+    function so named (``torch.sigmoid_``, ``F.leaky_relu_``), of a torch function given
+    ``inplace=True``
     (``F.relu(h, inplace=True)``) or of a ``torch.nn`` module whose ``inplace`` is set
     (``nn.ReLU(inplace=True)``). Functions of other names or libraries are not assumed
     to return what they change (``clip_grad_norm_`` returns a norm)."""
@@ -107,7 +108,8 @@ def _mutated(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
             and hasattr(torch.Tensor, name)
     elif node.op == "call_function":
         name = getattr(node.target, "__name__", "")
-        in_place = (name.endswith("_") and getattr(torch, name, None) is node.target) or (
+        in_place = (name.endswith("_") and node.target in (
+            getattr(torch, name, None), getattr(torch.nn.functional, name, None))) or (
             node.kwargs.get("inplace") is True
             and getattr(node.target, "__module__", "").startswith("torch"))
     elif node.op == "call_module":
