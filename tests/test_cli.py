@@ -335,12 +335,22 @@ def test_output_that_is_an_input_is_refused_before_any_work(capsys, model, tmp_p
                                       f"writing it would replace it")
     code, _out, err = _recommend(capsys, str(graph), "--place", str(graph))
     assert code == 2 and err.count("\n") == 1 and "is an input of the command" in err
+    code, _out, err = run(capsys, "simulate", str(graph), str(placement), "--trace",
+                          str(tmp_path / "x.png"), "--gantt", str(tmp_path / "x.png"))
+    assert code == 2 and "--trace and --gantt name the same file" in err
+    for _ in range(2):  # a file named as a preset is not the preset's input
+        assert run(capsys, "place", str(graph), "--cluster", "k80x3", "-o",
+                   str(tmp_path / "k80x3"))[0] == 0
     mine = shutil.copytree(bundled_model_dir(), tmp_path / "model")  # its files too
     kept_model = (mine / "manifest.json").read_bytes()
     code, _out, err = _recommend(capsys, str(graph), "--predictor", str(mine), "--place",
                                  str(mine / "manifest.json"))
     assert code == 2 and err.count("\n") == 1 and "is an input of the command" in err
     assert (mine / "manifest.json").read_bytes() == kept_model
+    for _ in range(2):  # another file in the model's folder is no input
+        code, _out, err = _recommend(capsys, str(graph), "--predictor", str(mine), "--place",
+                                     str(mine / "p.json"))
+        assert code == 0, err
     assert (graph.read_bytes(), placement.read_bytes()) == kept
 
 
@@ -773,6 +783,14 @@ def test_train_will_not_install_a_model_that_loses_to_a_fixed_order(capsys, data
     assert code == 0 and "warning: classifier does not beat the best fixed order" in err
     code, _, err = run(capsys, *argv, "--use-as-default", "--force")
     assert code == 0 and "warning:" in err and (config_home / "manifest.json").exists()
+    shutil.rmtree(config_home)
+    read, write = os.pipe()
+    os.close(read)  # `| head` gone before the tables: installed all the same
+    forced = [*argv, "--use-as-default", "--force"]
+    code = f"import sys; from travorder.cli import main; sys.exit(main({forced!r}))"
+    done = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE)
+    os.close(write)
+    assert done.returncode == 0 and (config_home / "manifest.json").exists()
 
 
 def test_calibrate_writes_a_cluster_file(capsys, tmp_path):

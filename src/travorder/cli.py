@@ -57,6 +57,14 @@ def _check_out_dir(path: str) -> None:
     _check_writable(out if out.is_dir() else out.parent, path)
 
 
+def _cluster_file(cluster: str | None) -> str | None:
+    """The file a ``--cluster`` reads: none for a preset's name, even beside a file so
+    named."""
+    from travorder.placement.clusters import PRESETS
+
+    return None if cluster in PRESETS else cluster
+
+
 def _check_parent(out: Path, path: str) -> None:
     """A one-line error unless the folder ``out`` is to be made in exists."""
     if out.parent.exists() and not out.parent.is_dir():
@@ -311,7 +319,7 @@ def cmd_place(args: argparse.Namespace) -> None:
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
 
-    _check_out(args.out, args.model, args.cluster)
+    _check_out(args.out, args.model, _cluster_file(args.cluster))
     options = _placer_options(args.option)
     if args.coarsen is not None and args.coarsen < 1:
         raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
@@ -399,8 +407,11 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     from travorder.placement.placement_file import load_placement
     from travorder.placement.simulator import Simulator
 
-    _check_out(args.trace, args.model, args.placement, args.cluster)
-    _check_out(args.gantt, args.model, args.placement, args.cluster)
+    _check_out(args.trace, args.model, args.placement, _cluster_file(args.cluster))
+    _check_out(args.gantt, args.model, args.placement, _cluster_file(args.cluster))
+    if args.trace and args.gantt and os.path.realpath(args.trace) == os.path.realpath(
+            args.gantt):
+        raise TravorderError(f"--trace and --gantt name the same file {args.gantt!r}")
     if args.gantt:
         from travorder.placement.timeline import GANTT_FORMATS
 
@@ -622,6 +633,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     _check_out_dir(args.out)
     res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
                           corpus_dir=args.corpus, progress=progress)
+    # Installed before anything is printed: a reader gone (`| head`) stops the printing.
+    installed = install_as_default(args.out) if args.use_as_default and (
+        res.beats_fixed or args.force) else None
     _print_evaluation(res.evaluation, per_family=False, methods=[res.method])
     print(res.comparison)
     print(f"trained {res.method} on {len(res.frame)} rows; wrote {args.out}")
@@ -635,8 +649,8 @@ def cmd_train(args: argparse.Namespace) -> None:
             raise TravorderError(f"not installed as the default model: {worse}; "
                                  "--force installs it anyway")
         print(f"warning: {worse}", file=sys.stderr)
-    if args.use_as_default:
-        print(f"installed as the default model: {install_as_default(args.out)}")
+    if installed:
+        print(f"installed as the default model: {installed}")
 
 
 def cmd_evaluate(args: argparse.Namespace) -> None:
@@ -994,9 +1008,11 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from travorder.api import placed_graph, recommend_order
     from travorder.placement.clusters import load_cluster
     from travorder.predictor.active import active_model_dir
+    from travorder.predictor.model import MANIFEST, model_files
 
-    model_files = active_model_dir(args.predictor, args.placer)[0].glob("*")
-    _check_out(args.place, args.model, args.cluster, *map(str, model_files))
+    manifest = active_model_dir(args.predictor, args.placer)[0] / MANIFEST
+    _check_out(args.place, args.model, _cluster_file(args.cluster), str(manifest),
+               *(str(manifest.parent / f) for f in model_files(manifest)))
     if args.top < 1:
         raise TravorderError(f"--top takes a number of features >= 1, got {args.top}")
     g = _load(args.model)

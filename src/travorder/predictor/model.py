@@ -502,7 +502,7 @@ class OrderPredictor:
         except OSError as exc:
             raise TravorderError(f"cannot make the model folder {str(out)!r}: "
                                  f"{exc.strerror or exc}") from None
-        before = _model_files(out / MANIFEST)
+        before = model_files(out / MANIFEST)
         save_trees(self.models_, out / TREES_FILE)
         checksums = {TREES_FILE: _sha256(out / TREES_FILE)}
         doc = {
@@ -522,7 +522,7 @@ class OrderPredictor:
         }
         write_file(out / MANIFEST, json_text(doc, indent=1) + "\n",
                    "model manifest")
-        for stale in before - _model_files(out / MANIFEST):
+        for stale in before - model_files(out / MANIFEST):
             (out / stale).unlink(missing_ok=True)
 
     @classmethod
@@ -604,7 +604,7 @@ class OrderPredictor:
             raise FormatError(f"{d}: manifest does not match its model ({problems[0]})")
 
 
-def _model_files(manifest: Path) -> set[str]:
+def model_files(manifest: Path) -> set[str]:
     """The files in ``manifest``'s directory that the predictor it describes reads (none if
     it is not a readable predictor manifest)."""
     try:
