@@ -283,7 +283,7 @@ def _check(graph: OpGraph, cluster: Cluster, candidates: list[str], placer: str,
     """Place ``graph`` with the ``candidates`` orders in turn: all of them, or with a
     ``budget`` (seconds) as many as fit. The first always runs, and the budget starts
     after it: it also loads (after installing, compiles) the placer's and the simulator's
-    kernels, which is not checking. The next one then runs if the budget is above 0, and
+    kernels, which is not checking. The next one then runs unless the budget is already spent, and
     after that an order runs if the time the last one took still fits."""
     from travorder.placement.placers import place_graph
 
