@@ -193,9 +193,6 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         get_placer(placer)  # a name that is no placer is an error, not a warning
         warnings.insert(0, f"the model learned from {learned_from}'s placements, not "
                            f"{placer}'s: its orders are {learned_from}'s best")
-    if c.n_devices == 1:  # nothing to predict: the other warnings do not matter
-        warnings = [f"cluster {c.name!r} has one device: every order gives the same "
-                    f"placement"]
     row |= structure_features(prepared, c, row, est, manifest)
     scores = est.scores(row)[0]  # once: every tree of the model runs here
     proba = softmax(scores)
@@ -204,6 +201,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     ranked = est.rank(scores)
     if c.n_devices == 1:  # known, not predicted: every order places all on the one device
         proba, regret = np.full(len(names), 1 / len(names)), np.zeros(len(names))
+        warnings = [f"cluster {c.name!r} has one device: every order gives the same "
+                    f"placement"]  # and no other: nothing depends on the features
     probability = dict(zip(names, proba.tolist(), strict=True))
     expected = dict(zip(names, regret.tolist(), strict=True))
     verified = placement = check_s = None
@@ -283,8 +282,8 @@ def _check(graph: OpGraph, cluster: Cluster, candidates: list[str], placer: str,
     """Place ``graph`` with the ``candidates`` orders in turn: all of them, or with a
     ``budget`` (seconds) as many as fit. The first always runs, and the budget starts
     after it: it also loads (after installing, compiles) the placer's and the simulator's
-    kernels, which is not checking. The next one then runs unless the budget is already spent, and
-    after that an order runs if the time the last one took still fits."""
+    kernels, which is not checking. The next one then runs unless the budget is already
+    spent, and after that an order runs if the time the last one took still fits."""
     from travorder.placement.placers import place_graph
 
     first, *rest = candidates

@@ -1010,9 +1010,10 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     from travorder.predictor.active import active_model_dir
     from travorder.predictor.model import MANIFEST, model_files
 
-    manifest = active_model_dir(args.predictor, args.placer)[0] / MANIFEST
-    _check_out(args.place, args.model, _cluster_file(args.cluster), str(manifest),
-               *(str(manifest.parent / f) for f in model_files(manifest)))
+    if args.place:  # not the model's own files (read only then: start-up time)
+        manifest = active_model_dir(args.predictor, args.placer)[0] / MANIFEST
+        _check_out(args.place, args.model, _cluster_file(args.cluster), str(manifest),
+                   *(str(manifest.parent / f) for f in model_files(manifest)))
     if args.top < 1:
         raise TravorderError(f"--top takes a number of features >= 1, got {args.top}")
     g = _load(args.model)

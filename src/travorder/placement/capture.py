@@ -98,10 +98,9 @@ def _mutated(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
     """The node whose tensor ``node`` changes in place and returns, if it does: the input
     of a tensor method named with a trailing underscore (``h.relu_()``), of a torch
     function so named (``torch.sigmoid_``, ``F.leaky_relu_``), of a torch function given
-    ``inplace=True``
-    (``F.relu(h, inplace=True)``) or of a ``torch.nn`` module whose ``inplace`` is set
-    (``nn.ReLU(inplace=True)``). Functions of other names or libraries are not assumed
-    to return what they change (``clip_grad_norm_`` returns a norm)."""
+    ``inplace=True`` (``F.relu(h, inplace=True)``) or of a ``torch.nn`` module whose
+    ``inplace`` is set (``nn.ReLU(inplace=True)``). Functions of other names or libraries
+    are not assumed to return what they change (``clip_grad_norm_`` returns a norm)."""
     if node.op == "call_method":
         name = str(node.target)
         in_place = name.endswith("_") and not name.startswith("_") \

@@ -371,9 +371,9 @@ def _parse(data: Mapping[str, Any], base: Path, where: str) -> StudySpec:
                              f"{', '.join(sorted(PLACERS))})")
     options = dict(_table(placer.get("options", {}), f"{where}: placer.options"))
     for key, value in options.items():  # the job's configuration is the options as given
-        if isinstance(value, str) and _looks_typed(value):
+        if isinstance(value, str) and (kind := _looks_typed(value)):
             raise TravorderError(f"{where}: placer.options.{key} is the string {value!r}: "
-                                 f"write it as a {_looks_typed(value)}, without quotes")
+                                 f"write it as a {kind}, without quotes")
 
     graphs = _table(data["graphs"], f"{where}: graphs")
     _unknown(graphs, _GRAPH_KEYS, f"{where}: graphs")
