@@ -29,6 +29,7 @@ from travorder.study.export import (
     as_placed,
     dataset_frame,
     dataset_orders,
+    deduplicate,
     export_dataset,
     load_dataset,
     read_sources,
@@ -81,6 +82,18 @@ def test_spec_jobs_and_hash():
                                            "dfs_preorder", "dfs_postorder", "bfs")
 
 
+def test_a_whole_number_for_a_float_option_is_one_configuration():
+    pytest.importorskip("torch")
+    specs = [spec(placer={"name": "rl", "options": {"gamma": g, "episodes": 2}})
+             for g in (1, 1.0)]
+    assert [repr(s.placer_options) for s in specs] == ["{'gamma': 1.0, 'episodes': 2}"] * 2
+    assert specs[0].spec_hash == specs[1].spec_hash
+    graph = specs[0].select_graphs()[0]
+    jobs = [make_job(graph, load_cluster("k80x3"), "topo", "rl", s.placer_options, 0)
+            for s in specs]
+    assert jobs[0].config_hash == jobs[1].config_hash
+
+
 def test_prepare_graph_expands_and_coarsens():
     g = spec().select_graphs()[2]  # rnn, more than 40 nodes
     assert prepare_graph(g, training=False) == g
@@ -104,6 +117,9 @@ def test_prepare_graph_expands_and_coarsens():
     ({"placer": {"name": "rl", "options": {"episodes": "5"}}},  # another config hash
      "placer.options.episodes is the string '5': write it as a number, without quotes"),
     ({"placer": {"name": "greedy", "options": {"colocate": "false"}}}, "as a boolean"),
+    ({"placer": {"name": "greedy", "options": {"colocat": False}}},
+     "placer.options: placer 'greedy' has no option 'colocat'"),
+    ({"placer": {"name": "rl", "options": {"gamma": 2}}}, r"rl option gamma must be in \(0, 1\]"),
     ({"order_seeds": {"alpha": [1]}}, "order_seeds names 'alpha'"),
     ({"graphs": {}}, "graphs selects nothing"),
     ({"graphs": {"synthetic": [{"family": "hexagon"}]}}, "unknown synthetic family"),
@@ -850,3 +866,28 @@ def test_a_changed_corpus_is_a_new_plan_and_export_can_keep_only_it(tmp_path):
     assert latest["graph"].tolist() == [spec(graphs=changed).select_graphs()[0].name]
     with pytest.raises(TravorderError, match="no study named 'big'"):
         dataset_frame(store, study="big")
+
+
+def test_sources_that_ran_other_orders_on_one_graph_add_up(tmp_path):
+    data = load_dataset(Path(__file__).parents[1] / "src/travorder/study/data/greedy.parquet")
+    data = data[data["construction_ties"] == ""].head(40).reset_index(drop=True)
+    orders = dataset_orders(data)
+    halves = orders[::2], orders[1::2]
+    for name, keep in zip("ab", halves, strict=True):
+        part = data.copy()
+        for o in set(orders) - set(keep):
+            part[[f"time_{o}", f"se_{o}", f"feasible_{o}"]] = np.nan
+            part[f"seeds_{o}"] = 0
+        part.assign(best_order=keep[0]).to_parquet(tmp_path / f"{name}.parquet")
+    merged = read_sources([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    summary = ["best_order", "best_time_us", "ties", "worst_order", "gap_worst",
+               "second_order", "gap_second", "second_tied"]
+    cols = [f"{k}_{o}" for o in orders for k in ("time", "se", "seeds", "feasible")]
+    pd.testing.assert_frame_equal(merged[cols + summary], data[cols + summary],
+                                  check_dtype=False)
+    # a construction tie is kept between orders taken from the source that found it
+    tied = data.head(1).assign(construction_ties=f"{orders[0]}={orders[1]}")
+    one = read_sources([tmp_path / "a.parquet"]).head(1).assign(
+        construction_ties=f"{orders[0]}={orders[2]}")
+    assert deduplicate(pd.concat([tied, one]))["construction_ties"].tolist() == [
+        f"{orders[0]}={orders[2]}"]

@@ -186,6 +186,21 @@ def _summary(times: dict[str, float], ses: dict[str, float], feasible: dict[str,
     }
 
 
+def _tie_groups(ties: Any) -> list[list[str]]:
+    """The groups of a row's ``construction_ties`` (``a=b;c=d``; none if missing)."""
+    return [g.split("=") for g in ties.split(";") if g] if isinstance(ties, str) else []
+
+
+def _row_summary(rec: dict[str, Any], orders: list[str], groups: list[list[str]],
+                 single_ok: bool, rel_tol: float = REL_TOL) -> dict[str, Any]:
+    """`_summary` of a dataset row ``rec`` (a dict); missing ``se_`` count as 0 and
+    missing ``feasible_`` as 1."""
+    return _summary({o: rec[f"time_{o}"] for o in orders},
+                    {o: rec.get(f"se_{o}", 0.0) for o in orders},
+                    {o: rec.get(f"feasible_{o}", 1.0) for o in orders}, groups,
+                    rec.get("single_device_us", np.nan), single_ok, rel_tol)
+
+
 def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
     """``data`` as `travorder.place` hands placements back: with the single-device floor.
 
@@ -231,14 +246,10 @@ def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
         out[f"se_{o}"] = np.where(floor, 0.0, se)
         out[f"feasible_{o}"] = np.where(floor, 1.0, feasible)
     timed = out[[f"time_{o}" for o in orders]].notna().any(axis=1).to_numpy()
-    summaries = []
-    for rec, ok in zip(out[timed].to_dict("records"), fits[timed], strict=True):
-        ties = rec.get("construction_ties")
-        groups = [g.split("=") for g in ties.split(";") if g] if isinstance(ties, str) else []
-        summaries.append(_summary({o: rec[f"time_{o}"] for o in orders},
-                                  {o: rec[f"se_{o}"] for o in orders},
-                                  {o: rec[f"feasible_{o}"] for o in orders}, groups,
-                                  rec["single_device_us"], bool(ok), rel_tol))
+    summaries = [_row_summary(rec, orders, _tie_groups(rec.get("construction_ties")),
+                              bool(ok), rel_tol)
+                 for rec, ok in zip(out[timed].to_dict("records"), fits[timed],
+                                    strict=True)]
     new = pd.DataFrame(summaries, index=out.index[timed])
     for column in new.columns:
         before = out[column] if column in out.columns else pd.Series(np.nan, index=out.index)
@@ -468,7 +479,44 @@ def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = 
 
 
 def deduplicate(frame: Any) -> Any:
-    """One row per graph content, cluster and placer configuration (the last one wins):
-    two graphs with one structure under two names count once."""
+    """One row per graph content, cluster and placer configuration: two graphs with one
+    structure under two names count once. Of such rows the last one wins, with each order
+    it did not run taken from the last row that ran it (two stores that ran different
+    orders on one graph add up), and the summary columns computed again over them.
+
+    >>> import pandas as pd
+    >>> rows = [{"graph_hash": "g", "cluster": "c", "placer": "p", "config_hash": "h",
+    ...          "time_a": 90.0, "time_b": None}, {"graph_hash": "g", "cluster": "c",
+    ...          "placer": "p", "config_hash": "h", "time_a": None, "time_b": 80.0}]
+    >>> row = deduplicate(pd.DataFrame(rows)).iloc[0]
+    >>> float(row["time_a"]), float(row["time_b"]), row["best_order"]
+    (90.0, 80.0, 'b')
+    """
     key = [k for k in _KEY if k in frame.columns]
-    return frame.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
+    frame = frame.reset_index(drop=True)
+    repeated = frame.duplicated(subset=key, keep=False).to_numpy()
+    orders = dataset_orders(frame)
+    out = frame.copy()
+    repeats = frame[repeated].groupby(key, sort=False, dropna=False).groups if orders else {}
+    for index in repeats.values():
+        taken = {}  # order -> the row its columns come from
+        for i in index:
+            taken.update({o: i for o in orders if not np.isnan(frame.at[i, f"time_{o}"])})
+        last = index[-1]
+        if all(i == last for i in taken.values()):
+            continue
+        for o, i in taken.items():
+            for column in (f"{k}_{o}" for k in ("time", "se", "seeds", "feasible")):
+                if column in frame.columns:
+                    out.at[last, column] = frame.at[i, column]
+        # a construction tie holds between orders whose columns come from one row
+        groups = [kept for i in index
+                  for g in _tie_groups(frame.at[i, "construction_ties"]
+                                       if "construction_ties" in frame.columns else None)
+                  if len(kept := [o for o in g if taken.get(o) == i]) > 1]
+        rec = out.loc[last].to_dict()
+        single = float(rec.get("single_device_us", np.nan))
+        fits = bool(rec.get("single_device_feasible", False)) and np.isfinite(single)
+        for column, value in _row_summary(rec, orders, groups, fits).items():
+            out.loc[last, column] = value
+    return out.drop_duplicates(subset=key, keep="last").reset_index(drop=True)

@@ -56,6 +56,7 @@ from typing import Any
 from travorder.errors import FormatError, TravorderError, read_text
 from travorder.graph import OpGraph, load_graph
 from travorder.placement import ORDERS, PLACERS, STUDY_ORDERS, Cluster, load_cluster
+from travorder.placement.placers import canonical_options
 from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario, parse_scenarios
 
 _TOP_KEYS = ("name", "description", "orders", "seeds", "clusters", "order_seeds", "placer",
@@ -374,6 +375,10 @@ def _parse(data: Mapping[str, Any], base: Path, where: str) -> StudySpec:
         if isinstance(value, str) and (kind := _looks_typed(value)):
             raise TravorderError(f"{where}: placer.options.{key} is the string {value!r}: "
                                  f"write it as a {kind}, without quotes")
+    try:
+        options = canonical_options(placer["name"], options)
+    except TravorderError as exc:
+        raise TravorderError(f"{where}: placer.options: {exc}") from None
 
     graphs = _table(data["graphs"], f"{where}: graphs")
     _unknown(graphs, _GRAPH_KEYS, f"{where}: graphs")

@@ -45,7 +45,7 @@ from travorder.placement.placers.heuristics import (
     round_robin,
     single,
 )
-from travorder.placement.rl import rl_place
+from travorder.placement.rl import rl_options, rl_place
 from travorder.placement.simulator import Simulator
 
 PlacerFn = Callable[..., Any]
@@ -166,6 +166,18 @@ def _check_options(name: str, fn: PlacerFn, options: dict[str, Any]) -> None:
         if isinstance(default, bool) and not isinstance(value, bool | np.bool_):
             raise TravorderError(f"placer {name!r} option {key} must be true or false, got "
                                  f"{value!r}")
+
+
+def canonical_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options of placer ``name`` checked, each value as the placer reads it (for
+    ``rl``, ``gamma = 1`` is ``1.0``), so that one configuration has one hash.
+
+    >>> canonical_options("greedy", {"colocate": False})
+    {'colocate': False}
+    """
+    fn = get_placer(name)
+    _check_options(name, fn, options)
+    return rl_options(options) if fn is rl_place else dict(options)
 
 
 def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",

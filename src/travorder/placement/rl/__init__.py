@@ -27,7 +27,7 @@ _EXPORTS = {
     "train": "trainer",
 }
 
-__all__ = ["rl_place", *_EXPORTS]
+__all__ = ["rl_options", "rl_place", *_EXPORTS]
 
 
 def _load(module: str) -> Any:
@@ -50,6 +50,16 @@ def rl_place(graph: Any, cluster: Any, order: np.ndarray, seed: int = 0, *,
     learning curve (the step time of each episode's final placement, us).
     """
     return _load("trainer").rl_place(graph, cluster, order, seed, preset=preset, **options)
+
+
+def rl_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` of the ``rl`` placer checked, each as `RLConfig` reads it (``gamma =
+    1`` is ``1.0``): the options a run's configuration is known by."""
+    options = dict(options)
+    preset = options.pop("preset", None)
+    config = _load("trainer").RLConfig.from_options(preset or "default", **options)
+    return {**({} if preset is None else {"preset": preset}),
+            **{key: getattr(config, key) for key in options}}
 
 
 def __getattr__(name: str) -> Any:
