@@ -891,3 +891,15 @@ def test_sources_that_ran_other_orders_on_one_graph_add_up(tmp_path):
         construction_ties=f"{orders[0]}={orders[2]}")
     assert deduplicate(pd.concat([tied, one]))["construction_ties"].tolist() == [
         f"{orders[0]}={orders[2]}"]
+
+
+def test_sources_that_define_one_scenario_name_otherwise_are_refused(tmp_path):
+    data = load_dataset(Path(__file__).parents[1] / "src/travorder/study/data/greedy.parquet")
+    rows = data[data["scenario"] == "batch=train"].head(3)
+    rows.to_parquet(tmp_path / "a.parquet")
+    other = json.dumps({**json.loads(rows["scenario_def"].iloc[0]), "micro_batches": 4})
+    rows.assign(scenario_def=other, graph_hash="x").to_parquet(tmp_path / "b.parquet")
+    with pytest.raises(TravorderError, match=r"scenario 'batch=train' is defined otherwise "
+                       r"in '.*b\.parquet' than in '.*a\.parquet' \(micro_batches 1, now 4\)"):
+        read_sources([tmp_path / "a.parquet", tmp_path / "b.parquet"])
+    assert len(read_sources([tmp_path / "a.parquet", "bundled:greedy-perturbed"])) > 3

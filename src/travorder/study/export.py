@@ -466,7 +466,7 @@ def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = 
     if study is not None and not any(is_store(Path(s)) for s in sources):
         raise TravorderError(f"study {study!r} is a study of a result store, and no store "
                              f"is given")
-    frames = []
+    frames, defined = [], {}  # scenario name -> (definition, source)
     for src in sources:
         p = Path(src)
         if str(src).startswith("bundled:"):
@@ -475,7 +475,26 @@ def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = 
             frames.append(dataset_frame(p, study=study))
         else:
             frames.append(load_dataset(p))
+        for name, text in _scenario_defs(frames[-1]):
+            if name not in defined:
+                defined[name] = text, src
+            elif text != defined[name][0]:
+                before, first = row_scenario(defined[name][0]), defined[name][1]
+                raise TravorderError(
+                    f"scenario {name!r} is defined otherwise in {str(src)!r} than in "
+                    f"{str(first)!r} ({row_scenario(text).changes_from(before)}): its rows "
+                    f"would be pooled as one scenario; rename it in one study")
     return deduplicate(pd.concat(frames, ignore_index=True))
+
+
+def _scenario_defs(frame: Any) -> list[tuple[str, str]]:
+    """The distinct (scenario name, definition) pairs of a dataset's rows, as
+    canonical JSON (none for a dataset exported before scenarios)."""
+    if "scenario_def" not in frame.columns:
+        return []
+    pairs = frame[["scenario", "scenario_def"]].drop_duplicates()
+    return [(name, json.dumps(row_scenario(text).to_dict(), sort_keys=True))
+            for name, text in pairs.itertuples(index=False)]
 
 
 def deduplicate(frame: Any) -> Any:

@@ -289,12 +289,9 @@ def _check_scenario_names(spec: StudySpec, stored: dict[str, Scenario],
         before = stored.get(scenario.name)
         if before is None or before == scenario:
             continue
-        old, new = before.to_dict(), scenario.to_dict()
-        changed = ", ".join(f"{k} {old.get(k)!r}, now {new.get(k)!r}"
-                            for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k))
         raise TravorderError(f"scenario {scenario.name!r} is defined otherwise in store "
-                             f"{str(store_path)!r} ({changed}): give it another name, or use "
-                             f"another store")
+                             f"{str(store_path)!r} ({scenario.changes_from(before)}): give "
+                             f"it another name, or use another store")
 
 
 def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.PathLike[str],

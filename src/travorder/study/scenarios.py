@@ -167,6 +167,16 @@ class Scenario:
         return {k: v for k, v in dataclasses.asdict(self).items()
                 if k not in _PERTURB_KEYS or v}
 
+    def changes_from(self, before: Scenario) -> str:
+        """What differs from the definition ``before``, setting by setting.
+
+        >>> Scenario(name="s", micro_batches=4).changes_from(Scenario(name="s"))
+        'micro_batches 1, now 4'
+        """
+        old, new = before.to_dict(), self.to_dict()
+        return ", ".join(f"{k} {old.get(k)!r}, now {new.get(k)!r}"
+                         for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k))
+
     def unperturbed(self) -> Scenario:
         """The same scenario on the estimated costs, named by its settings: the scenario of
         a perturbed row's twin.
