@@ -104,6 +104,15 @@ def test_one_device_needs_no_links(tmp_path):
     with pytest.raises(TravorderError, match=r"missing 'links' \(the bandwidth and latency "
                                              r"between its 2 devices\)"):
         load_cluster(path)
+    # links a one-device cluster does give are checked all the same
+    for links, message in (("bandwidth = -5\nlatency = 1", "bandwidth must be positive "
+                             r"\(B/us\), got -5.0"),
+                            ("bandwidth = 5\nlatency = inf", "latency must be finite and "
+                             r"non-negative \(us\), got inf")):
+        path.write_text(f'name = "one"\n[[devices]]\nname = "gpu"\npeak_flops = 1e12\n'
+                        f'mem_bw = 1e11\n[links]\n{links}\n')
+        with pytest.raises(TravorderError, match=message):
+            load_cluster(path)
 
 
 def test_json_file(tmp_path):

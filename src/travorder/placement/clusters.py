@@ -150,6 +150,13 @@ class Cluster:
         bw = _pair_matrix(self.bandwidth, n, f"{where}: bandwidth")
         lat = _pair_matrix(self.latency, n, f"{where}: latency")
         off = ~np.eye(n, dtype=bool)
+        if n == 1:  # no pair holds a number given for every pair: check the number
+            for what, v, ok, rule in (
+                    ("bandwidth", self.bandwidth, lambda x: x > 0, "positive (B/us)"),
+                    ("latency", self.latency, lambda x: 0 <= x < math.inf,
+                     "finite and non-negative (us)")):
+                if np.ndim(v) == 0 and not ok(float(v)):
+                    raise TravorderError(f"{where}: {what} must be {rule}, got {float(v)}")
         if not np.all(bw[off] > 0):  # also catches NaN
             i, j = np.argwhere(off & ~(bw > 0))[0]
             raise TravorderError(f"{where}: bandwidth {i}->{j} must be positive (B/us), "
