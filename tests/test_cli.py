@@ -371,14 +371,19 @@ def test_negative_seed_gets_one_line(capsys, model):
         assert code == 2 and "non-negative" in err and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("argv", [["--budget", "abc"], ["--batch", "2.5"],
-                                  ["--verify", "2", "--budget", "1"], ["--explain", "--top", "0"]])
-def test_bad_recommend_arguments_get_one_line(capsys, model, argv):
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--budget", "abc"], "--budget"), (["--batch", "2.5"], "--batch"),
+    (["--batch", "0"], "error: batch must be an integer >= 1, got 0"),
+    (["--micro-batches", "0"], "error: micro-batches must be an integer >= 1, got 0"),
+    (["--verify", "2", "--budget", "1"], "not allowed with"),
+    (["--explain", "--top", "0"], "--top")])
+def test_bad_recommend_arguments_get_one_line(capsys, model, argv, says):
     try:
         code, out, err = _recommend(capsys, model, *argv)
     except SystemExit as exc:  # argparse's own checks exit from the parser
         (out, err), code = capsys.readouterr(), exc.code
     assert code == 2 and out == "" and err.count("\n") == 1 and err.startswith("error: ")
+    assert says in err
 
 
 def test_unknown_command_and_placer_get_one_line(capsys):

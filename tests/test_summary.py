@@ -153,3 +153,16 @@ def test_write_corpus_doc(tmp_path: Path) -> None:
 
     image = matplotlib.image.imread(png)
     assert image.shape[1] > 1000 and image.shape[0] > 500
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--png", "pca.bmp"], "'pca.bmp': the file must end in .png"),
+    (["--md", "corpus.txt"], "'corpus.txt': the file must end in .md"),
+    (["--corpus", "no_corpus"], "no_corpus: not a graph corpus (no manifest.json)"),
+])
+def test_main_refuses_bad_input_in_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as info:
+        summary.main(argv)
+    assert info.value.code == 2 and capsys.readouterr().err == f"error: {message}\n"
+    assert not any(tmp_path.iterdir())  # nothing written

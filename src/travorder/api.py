@@ -178,12 +178,12 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         raise TravorderError(f"the shortlist size must be an integer, not {verify!r}")
     if budget is not None and verify:
         raise TravorderError("give a time budget or a shortlist size, not both")
+    placed = placed_graph(g, training, batch, micro_batches)  # checks batch, micro-batches
     est, manifest, description = load_predictor(predictor, placer)
     scenario = user_scenario(batch, micro_batches, manifest)
     # Features of the graph as the study that trained the predictor placed it.
     prepared = scenario.prepare(g, manifest.get("training", True),
                                 manifest.get("coarsen_max_nodes", 0))
-    placed = placed_graph(g, training, batch, micro_batches)
     row = feature_row(graph_features(prepared), c, features_of(prepared, c, compiled=False))
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
     learned_from = manifest.get("placer", placer)

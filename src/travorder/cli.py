@@ -937,16 +937,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("zoo", help="the bundled model-graph corpus")
     zsub = p.add_subparsers(dest="zoo_command", required=True, metavar="COMMAND")
     corpus_opts = argparse.ArgumentParser(add_help=False)
-    corpus_opts.add_argument("--corpus", help="corpus directory (zoo list: default the "
-                                              "bundled one)")
     corpus_opts.add_argument("--family", nargs="+", help="only these families")
     q = zsub.add_parser("list", parents=[corpus_opts], help="print the corpus manifest")
+    q.add_argument("--corpus", help="corpus directory (default: the bundled one)")
     q.add_argument("--source", nargs="+", help="only these sources (e.g. synthetic, timm)")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(func=cmd_zoo_list)
     q = zsub.add_parser("build", parents=[corpus_opts],
                         help="export real architectures to the corpus (zoo environment, "
                              "docs/zoo.md)")
+    q.add_argument("--corpus", help="corpus directory to write (or --into-bundled)")
     q.add_argument("--name", nargs="+", help="only these models")
     q.add_argument("--batch-size", type=int, help="export batch size (default 1)")
     q.add_argument("--seq-len", type=int, help="sequence length of text models (default 128)")

@@ -1,21 +1,16 @@
 """Model graphs to study: synthetic families, the real-architecture zoo, the bundled corpus,
 and small ONNX example builders."""
 
-from travorder.datasets.corpus import (
-    add_to_corpus,
-    corpus_families,
-    load_corpus,
-    read_manifest,
-    remove_from_corpus,
-)
-from travorder.datasets.synthetic import SYNTHETIC_FAMILIES, build_synthetic_corpus
+from travorder._lazy import lazy_exports
 
-__all__ = [
-    "SYNTHETIC_FAMILIES",
-    "add_to_corpus",
-    "build_synthetic_corpus",
-    "corpus_families",
-    "load_corpus",
-    "read_manifest",
-    "remove_from_corpus",
-]
+_EXPORTS = {
+    "SYNTHETIC_FAMILIES": "travorder.datasets.synthetic",
+    "add_to_corpus": "travorder.datasets.corpus",
+    "build_synthetic_corpus": "travorder.datasets.synthetic",
+    "corpus_families": "travorder.datasets.corpus",
+    "load_corpus": "travorder.datasets.corpus",
+    "read_manifest": "travorder.datasets.corpus",
+    "remove_from_corpus": "travorder.datasets.corpus",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -128,7 +128,6 @@ def add_to_corpus(graphs: Iterable[OpGraph], corpus_dir: str | os.PathLike[str],
     if not isinstance(max_nodes, (int, np.integer)) or max_nodes < 1:
         raise TravorderError(f"max_nodes must be a positive integer, got {max_nodes!r}")
     root = Path(corpus_dir)
-    (root / "graphs").mkdir(parents=True, exist_ok=True)
     entries = {e["name"]: e for e in read_manifest(root)} if (root / MANIFEST_NAME).exists() \
         else {}
     new: dict[str, tuple[dict[str, Any], OpGraph]] = {}
@@ -143,6 +142,11 @@ def add_to_corpus(graphs: Iterable[OpGraph], corpus_dir: str | os.PathLike[str],
             raise TravorderError(f"graph names {clash!r} and {entry['name']!r} map to the "
                                  f"same file {entry['file']}")
         new[entry["name"]] = (entry, stored)
+    try:
+        (root / "graphs").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TravorderError(f"cannot make the corpus folder {str(root)!r}: "
+                             f"{exc.strerror}") from None
     for entry, stored in new.values():
         save_graph(stored, root / entry["file"])
     entries.update((name, entry) for name, (entry, _) in new.items())

@@ -40,7 +40,7 @@ from travorder.datasets.corpus import (
     load_corpus,
     read_manifest,
 )
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, write_file
 from travorder.featurize import FEATURE_NAMES, feature_vector
 from travorder.graph.opgraph import OpGraph
 
@@ -128,7 +128,9 @@ def feature_projection(graphs: Sequence[OpGraph]) -> Projection:
 
 
 # ------------------------------------------------------------------ figure
-def _plot(proj: Projection, path: Path) -> None:
+def _plot(proj: Projection) -> bytes:
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -166,8 +168,10 @@ def _plot(proj: Projection, path: Path) -> None:
     fig.suptitle("Corpus graphs on the first two principal components of their "
                  "standardised features", fontsize=13)
     fig.tight_layout()
-    fig.savefig(path, dpi=100, bbox_inches="tight")
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
     plt.close(fig)
+    return buf.getvalue()
 
 
 # ------------------------------------------------------------------ document
@@ -316,12 +320,13 @@ def write_corpus_doc(out_md: str | os.PathLike[str], out_png: str | os.PathLike[
     """Write the corpus page ``out_md`` (Markdown) and its figure ``out_png`` for the
     corpus at ``corpus_dir`` (the bundled one by default); returns the two paths."""
     md, png = Path(out_md), Path(out_png)
+    for path, suffix in ((md, ".md"), (png, ".png")):
+        if path.suffix.lower() != suffix:
+            raise TravorderError(f"{str(path)!r}: the file must end in {suffix}")
     entries = read_manifest(corpus_dir)
     rows = family_table(entries)
     proj = feature_projection(load_corpus(corpus_dir=corpus_dir))
-    png.parent.mkdir(parents=True, exist_ok=True)
-    md.parent.mkdir(parents=True, exist_ok=True)
-    _plot(proj, png)
+    figure = _plot(proj)
     shares = family_shares(entries)
     top = next(iter(shares))
     by_kind = {k: [r for r in rows if r["kind"] == k] for k in KINDS}
@@ -340,7 +345,10 @@ def write_corpus_doc(out_md: str | os.PathLike[str], out_png: str | os.PathLike[
         n_coloured=min(MAX_COLOURED, n_real_families),
         pc1=_top_loadings(proj.loadings[0]), pc2=_top_loadings(proj.loadings[1]),
         comparison=_synthetic_comparison())
-    md.write_text(text, encoding="utf-8")
+    for path in (md, png):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_file(png, figure, "figure")
+    write_file(md, text, "corpus page")
     return [md, png]
 
 
@@ -353,8 +361,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--corpus", default=None,
                         help="corpus directory (default: the bundled corpus)")
     args = parser.parse_args(argv)
-    for path in write_corpus_doc(args.md, args.png, args.corpus):
-        print(path)
+    try:
+        paths = write_corpus_doc(args.md, args.png, args.corpus)
+    except TravorderError as exc:
+        parser.exit(2, f"error: {exc}\n")
+    print(*paths, sep="\n")
 
 
 if __name__ == "__main__":

@@ -852,7 +852,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help="store larger graphs coarsened to this many nodes")
     parser.add_argument("--batch-size", type=int, default=DEFAULT_BATCH_SIZE)
     args = parser.parse_args(argv)
-    entries = build_synthetic_corpus(args.out, args.seed, args.max_nodes, args.batch_size)
+    try:
+        entries = build_synthetic_corpus(args.out, args.seed, args.max_nodes, args.batch_size)
+    except TravorderError as exc:
+        parser.exit(2, f"error: {exc}\n")
     print(f"{len(entries)} synthetic graphs written to {args.out}")
 
 
