@@ -335,6 +335,9 @@ def test_unknown_shapes_are_reported_not_silently_zero():
     assert g.meta["n_unknown_shape_ops"] == 2
     assert g.meta["unrated_op_types"] == {"Mystery": 1}
     assert by_name(g, "flops")["known"] == 6
+    # the same op in a domain the model does not import: still one op of unknown shape
+    undeclared = model_of(nodes, [value("x", [2, 3])], [value("r", None), value("k", None)])
+    assert read_onnx(undeclared).meta["unknown_shape_ops"] == ["mystery", "after"]
 
 
 def test_symbolic_dims_reported_and_bound():

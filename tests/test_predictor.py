@@ -845,3 +845,34 @@ def test_warns_that_orders_cannot_differ_on_one_device(capsys, onnx_model, tmp_p
             "the one device" in out
         assert "runner-up:         none: all 11 orders are tied" in out  # the model knows 3
         assert "regret" not in out and "outside the training data" not in out
+
+
+def test_checks_over_memory_and_of_zero_time(model_dir, onnx_model, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import travorder.api
+
+    def fake(times, fits):
+        return lambda placed, c, candidates, *args: {
+            o: SimpleNamespace(step_time_us=times[o], feasible=fits[o])
+            for o in candidates}
+
+    # the fastest placement does not fit: the pick is the fastest that fits, and the
+    # runner-up that does not fit has no finite regret (it was -33%)
+    times = {"bfs": 100.0, "topo": 120.0, "dfs_preorder": 150.0}
+    fits = {"bfs": False, "topo": True, "dfs_preorder": True}
+    monkeypatch.setattr(travorder.api, "_check", fake(times, fits))
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=len(ORDERS))
+    assert (rec.order, rec.runner_up, rec.runner_up_regret) == ("topo", "dfs_preorder", 0.25)
+    assert rec.over_memory == ["bfs"]
+    fits["dfs_preorder"] = False
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=len(ORDERS))
+    assert rec.runner_up in rec.over_memory and rec.runner_up_regret == math.inf
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "3")
+    assert code == 0 and "bfs 0.100 ms (over memory)" in out
+    assert "(its placement does not fit in memory)" in out
+    # every step takes no time (ops of no cost on a cluster without gaps): all tied
+    monkeypatch.setattr(travorder.api, "_check", fake(dict.fromkeys(ORDERS, 0.0),
+                                                      dict.fromkeys(ORDERS, True)))
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=len(ORDERS))
+    assert sorted(rec.tied) == sorted(ORDERS) and rec.tie_margin == 0.0

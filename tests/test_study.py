@@ -321,9 +321,11 @@ def test_runner_argument_errors(tmp_path):
         run_study(spec(), tmp_path / "s.sqlite", backend="dask")
     with pytest.raises(TravorderError, match="jobs must be a positive integer"):
         run_study(spec(), tmp_path / "s.sqlite", jobs=0)
-    with pytest.raises(TravorderError, match=r"placer 'greedy' on cluster 'k80x3'.*option"):
-        run_study(spec(placer={"name": "greedy", "options": {"episodes": 3}}),
-                  tmp_path / "s.sqlite", progress=False)
+    with pytest.raises(TravorderError, match=r"placer 'rl' on cluster 'v100x4-nvlink'.*3 devices"):
+        run_study(spec(placer={"name": "rl", "options": {"preset": "paper"}},
+                       clusters=["k80x3", "v100x4-nvlink"]), tmp_path / "s.sqlite",
+                  progress=False)
+    assert not (tmp_path / "s.sqlite").exists()
     (tmp_path / "junk.sqlite").write_text("not a database, not at all" * 100)
     with pytest.raises(FormatError, match="not a travorder result store"):
         ResultStore(tmp_path / "junk.sqlite")

@@ -62,7 +62,9 @@ class Recommendation:
     ``verified``: the simulated step time (us) of each order checked by placement
     (``verify=k`` or ``budget=``), the placements that fit in memory fastest first, then
     the others (``budget=`` checks the model's orders best-ranked first, then those it does
-    not know); ``exact``: every traversal order travorder has was checked (all fitted in
+    not know); ``over_memory``: the checked orders whose placement does not fit in memory
+    (a runner-up among them, after an order that fits, has regret ``inf``, ``null`` in
+    JSON); ``exact``: every traversal order travorder has was checked (all fitted in
     the budget), so ``order`` is the best of all for this placer and seed; ``check_s``:
     time spent checking.
     ``placement``: the checked placement of ``order`` (of the training-step graph that
@@ -86,6 +88,7 @@ class Recommendation:
     warnings: list[str] = field(default_factory=list)
     contributions: dict[str, float] | None = None
     verified: dict[str, float] | None = None
+    over_memory: list[str] = field(default_factory=list)
     exact: bool = False
     check_s: float | None = None
     placement: PlacementResult | None = field(default=None, repr=False, compare=False)
@@ -206,7 +209,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
     probability = dict(zip(names, proba.tolist(), strict=True))
     expected = dict(zip(names, regret.tolist(), strict=True))
     verified = placement = check_s = None
-    exact = False
+    exact, over_memory = False, []
     if (verify or budget is not None) and c.n_devices > 1:  # one device: nothing to check
         from travorder.placement.orders import ORDERS  # networkx: off the common path
 
@@ -220,11 +223,12 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                                                  results[o].step_time_us))
         ranked = [*checked, *(names[j] for j in ranked if names[j] not in results)]
         verified = {o: float(results[o].step_time_us) for o in checked}
+        over_memory = [o for o in checked if not results[o].feasible]
         placement = results[checked[0]]
         fastest = placement.step_time_us
         tied = [o for o in checked if results[o].feasible == placement.feasible
                 and results[o].step_time_us <= fastest * (1 + TIE_REL_TOL)]
-        margin = results[tied[-1]].step_time_us / fastest - 1.0
+        margin = _slower_by(results[tied[-1]].step_time_us, fastest)
         exact = set(ORDERS) <= set(verified)
     else:
         ranked = [names[j] for j in ranked]
@@ -236,8 +240,12 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
             tied += [o for o in ORDERS if o not in tied]
     best = ranked[0]
     second = next((o for o in ranked if o not in tied), ranked[1])
-    runner_up_regret = verified[second] / verified[best] - 1.0 \
-        if verified is not None and second in verified else expected[second]
+    if verified is None or second not in verified:
+        runner_up_regret = expected[second]
+    elif second in over_memory and best not in over_memory:
+        runner_up_regret = math.inf  # faster maybe, but it does not fit
+    else:
+        runner_up_regret = _slower_by(verified[second], verified[best])
     # One order checked compares nothing: the predictor's confidence stands.
     low = c.n_devices > 1 and (verified is None or len(verified) < 2) and (
         bool(warnings) or probability[best] < 0.5)
@@ -253,9 +261,20 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         expected_regret=expected, graph=g.name, n_nodes=placed.n_nodes, cluster=c.name,
         model=description, tied=tied, tie_margin=margin,
         confidence="low" if low else "high", warnings=warnings,
-        contributions=contributions, verified=verified,
+        contributions=contributions, verified=verified, over_memory=over_memory,
         exact=exact, check_s=check_s,
         placement=placement)
+
+
+def _slower_by(time_us: float, fastest_us: float) -> float:
+    """How much slower ``time_us`` is than ``fastest_us``, relative (0 when both are 0).
+
+    >>> _slower_by(150.0, 100.0), _slower_by(0.0, 0.0)
+    (0.5, 0.0)
+    """
+    if fastest_us > 0:
+        return time_us / fastest_us - 1.0
+    return 0.0 if time_us <= fastest_us else math.inf
 
 
 _KIND_OF_COLUMN = {"f_": "graph", "c_": "cluster", "s_": "scenario"}

@@ -1066,8 +1066,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
                 + ("the others are checked after them" if args.budget is not None else
                    "--budget checks the others too") + ")")
         print(f"  {how} by placement with {args.placer} in {rec.check_s:.2f} s")
-        print("  checked: " + ", ".join(f"{o} {t / 1e3:.3f} ms" for o, t in
-                                        rec.verified.items()))
+        print("  checked: " + ", ".join(
+            f"{o} {t / 1e3:.3f} ms" + (" (over memory)" if o in rec.over_memory else "")
+            for o, t in rec.verified.items()))
         if rec.confidence == "low":
             print(f"  confidence low: one order checked (probability of being the best "
                   f"{rec.probability:.2f}); a larger --budget compares orders by placement")
@@ -1081,6 +1082,8 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         else "expected regret" + (", not checked" if checked else "")
     if rec.runner_up in rec.tied:
         print(f"runner-up:         none: all {len(rec.tied)} orders are tied")
+    elif rec.runner_up_regret == math.inf:
+        print(f"runner-up:         {rec.runner_up}  (its placement does not fit in memory)")
     else:
         print(f"runner-up:         {rec.runner_up}  ({how} {100 * rec.runner_up_regret:.1f}%)")
     for line in rec.warnings[:3]:

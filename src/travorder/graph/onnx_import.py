@@ -49,7 +49,7 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from travorder.errors import FormatError, TravorderError
+from travorder.errors import FormatError, TravorderError, first_line
 from travorder.graph.load import sniff_format
 from travorder.graph.onnx_flops import has_flops_rule, node_flops
 from travorder.graph.opgraph import OpGraph
@@ -145,6 +145,11 @@ def _infer_shapes(
     skeleton = ModelProto(ir_version=model.ir_version)
     skeleton.opset_import.extend(model.opset_import)
     g, src = skeleton.graph, model.graph
+    # an op of a domain the model does not import fails inference of the whole model;
+    # imported, it is an op of unknown shape as any other custom op
+    for domain in sorted({n.domain for n in src.node} - {o.domain for o in model.opset_import}
+                         - {"", "ai.onnx"}):
+        skeleton.opset_import.add(domain=domain, version=1)
     for field in ("node", "input", "output", "value_info"):
         getattr(g, field).extend(getattr(src, field))
     # shape inference ignores sparse initializers: give it dense stubs
@@ -172,8 +177,11 @@ def _infer_shapes(
             if d.dim_param in dims:
                 d.dim_value = int(dims[d.dim_param])
     # Not strict: a node whose inference fails leaves its outputs unknown (and reported).
-    inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=False, strict_mode=False,
-                                                 data_prop=True)
+    try:
+        inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=False,
+                                                     strict_mode=False, data_prop=True)
+    except onnx.shape_inference.InferenceError as exc:
+        raise FormatError(f"{where}: ONNX shape inference failed: {first_line(exc)}") from None
     return inferred, sorted(declared - set(dims))
 
 
