@@ -90,6 +90,25 @@ def test_place_then_simulate_agree(capsys, model, tmp_path):
     assert json.loads(out)["step_time_us"] == pytest.approx(placed["step_time_us"])
 
 
+def test_placements_of_a_batch_and_micro_batches_simulate_again(capsys, model, tmp_path):
+    from travorder.cli import recommend_main
+
+    step = ["--batch", "4", "--micro-batches", "2", "--cluster", "v100x4-nvlink"]
+    code, out, _ = run(capsys, "place", model, *step, "-o", str(tmp_path / "p.json"), "--json")
+    placed = json.loads(out)
+    assert code == 0 and placed["graph"]["n_nodes"] == 2 * 2 * load_graph(model).n_nodes
+    assert (placed["graph"]["batch"], placed["graph"]["micro_batches"]) == (4, 2)
+    assert recommend_main([model, *step, "--place", str(tmp_path / "r.json")]) == 0
+    capsys.readouterr()
+    for path, want in (("p.json", placed["step_time_us"]),
+                       ("r.json", json.loads((tmp_path / "r.json").read_text())[
+                           "step_time_us"])):
+        code, out, _ = run(capsys, "simulate", model, str(tmp_path / path), "--json")
+        assert code == 0 and json.loads(out)["step_time_us"] == pytest.approx(want)
+    _one_line_error(capsys, ["simulate", model, str(tmp_path / "p.json"), "--micro-batches",
+                             "1"], "or its step at another batch or micro-batch count")
+
+
 def test_orders_one_per_line(capsys, model):
     code, out, _ = run(capsys, "orders", model, "--order", "alpha")
     names = out.split()

@@ -99,10 +99,16 @@ def _human(x: float, unit: str = "") -> str:
 
 
 # --------------------------------------------------------------------------- graph
-def _load(path: str, *, training: bool = False) -> Any:
+def _load(path: str, *, training: bool = False, batch: int | None = None,
+          micro_batches: int = 1) -> Any:
+    """The graph of model file ``path``: its training step if ``training``, at ``batch``
+    over ``micro_batches`` (`travorder.graph.prepare.placed_graph`)."""
     from travorder.graph import load_graph, training_graph
+    from travorder.graph.prepare import placed_graph
 
     g = load_graph(path)
+    if batch is not None or micro_batches != 1:
+        return placed_graph(g, training, batch, micro_batches)
     return training_graph(g) if training else g
 
 
@@ -323,11 +329,12 @@ def cmd_place(args: argparse.Namespace) -> None:
     options = _placer_options(args.option)
     if args.coarsen is not None and args.coarsen < 1:
         raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
-    g = _load(args.model, training=not args.forward_only)
+    g = _load(args.model, training=not args.forward_only, batch=args.batch,
+              micro_batches=args.micro_batches)
     cluster = load_cluster(args.cluster)
     with _episode_progress(args.placer == "rl"):
         r, coarse_nodes = _place(args, g, cluster, options)
-    doc = placement_doc(r, g, cluster)
+    doc = placement_doc(r, g, cluster, batch=args.batch, micro_batches=args.micro_batches)
     if args.out:
         _write_json(args.out, doc)
     if args.json:
@@ -423,8 +430,13 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         except ImportError:
             raise TravorderError("--gantt needs matplotlib: pip install "
                                  "'travorder[report]'") from None
-    g = _load(args.model, training=not args.forward_only)
     _, doc = load_placement(args.placement)
+    step = doc["graph"]  # the training step the file was placed for, unless told
+    batch = step.get("batch") if args.batch is None else args.batch
+    micro_batches = step.get("micro_batches", 1) if args.micro_batches is None \
+        else args.micro_batches
+    g = _load(args.model, training=not args.forward_only, batch=batch,
+              micro_batches=micro_batches)
     if not args.cluster and not isinstance(doc.get("cluster"), dict):
         raise TravorderError(f"placement file {args.placement!r} does not say its cluster: "
                              f"give --cluster")
@@ -799,8 +811,12 @@ def build_parser() -> argparse.ArgumentParser:
                             help="place the graph as it is, without expanding a forward "
                                  "graph into a training-step graph")
     graph_opts.add_argument("--json", action="store_true", help="machine-readable output")
+    place_opts = argparse.ArgumentParser(add_help=False)
+    _step_options(place_opts)
+    simulate_opts = argparse.ArgumentParser(add_help=False)  # default: the file's
+    _step_options(simulate_opts, default_micro_batches=None)
 
-    p = sub.add_parser("place", parents=[graph_opts],
+    p = sub.add_parser("place", parents=[graph_opts, place_opts],
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="place a model graph on a cluster and simulate a training step")
     p.lazy_epilog = _place_epilog
@@ -824,7 +840,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--out", help="write the placement JSON here")
     p.set_defaults(func=cmd_place)
 
-    p = sub.add_parser("simulate", parents=[graph_opts],
+    p = sub.add_parser("simulate", parents=[graph_opts, simulate_opts],
                        help="simulate a training step of a model graph under a placement")
     p.add_argument("model", help="model file")
     p.add_argument("placement", help="placement JSON written by `travorder place`")
@@ -1031,7 +1047,8 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         placed = (with_floor(rec.placement, graph, cluster) if rec.placement else
                   place_graph(graph, cluster, placer=args.placer, order=rec.order,
                               seed=args.seed, floor=True))
-        _write_json(args.place, placement_doc(placed, graph, cluster))
+        _write_json(args.place, placement_doc(placed, graph, cluster, batch=args.batch,
+                                              micro_batches=args.micro_batches))
     if args.json:
         doc = rec.to_dict()
         if placed is not None:
@@ -1105,6 +1122,17 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     print(f"model: {rec.model}")
 
 
+def _step_options(parser: argparse.ArgumentParser, default_micro_batches: int | None = 1
+                  ) -> None:
+    """``--batch`` and ``--micro-batches``: the training step a placement is for."""
+    parser.add_argument("--batch", type=int, metavar="B",
+                        help="the training batch (default: the batch the model was "
+                             "exported at)")
+    parser.add_argument("--micro-batches", type=int, default=default_micro_batches,
+                        metavar="M",
+                        help="the training step pipelined over M micro-batches (default 1)")
+
+
 def recommend_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="recommend-order",
@@ -1115,11 +1143,7 @@ def recommend_parser() -> argparse.ArgumentParser:
     parser.add_argument("model", help="ONNX, travorder .json.gz or dnn-partitioning JSON")
     parser.add_argument("--cluster", default="k80x3",
                         help="cluster preset or .toml/.json file (default: k80x3)")
-    parser.add_argument("--batch", type=int, metavar="B",
-                        help="the training batch (default: the batch the model was "
-                             "exported at)")
-    parser.add_argument("--micro-batches", type=int, default=1, metavar="M",
-                        help="the training step pipelined over M micro-batches (default 1)")
+    _step_options(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--explain", action="store_true",
                         help="show the features that drove the recommendation")

@@ -46,9 +46,11 @@ FORMAT = "travorder.placement"
 FORMAT_VERSION = 1
 
 
-def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster
-                  ) -> dict[str, Any]:
-    """The placement file's content as a dict."""
+def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster, *,
+                  batch: int | None = None, micro_batches: int = 1) -> dict[str, Any]:
+    """The placement file's content as a dict; ``batch`` and ``micro_batches``: the
+    training step ``graph`` is of (`travorder.graph.prepare.placed_graph`), recorded so
+    that ``travorder simulate`` builds it again."""
     if result.placement.shape != (graph.n_nodes,):
         raise TravorderError(f"the placement has {result.placement.size} entries, graph "
                              f"{graph.name!r} has {graph.n_nodes} nodes")
@@ -56,7 +58,7 @@ def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "graph": {"name": graph.name, "graph_hash": graph.graph_hash,
-                  "n_nodes": graph.n_nodes},
+                  "n_nodes": graph.n_nodes, "batch": batch, "micro_batches": micro_batches},
         "cluster": cluster.to_dict(),
         "devices": [d.name for d in cluster.devices],
         "placement": dict(zip(graph.names.tolist(), result.placement.tolist(), strict=True)),
@@ -78,10 +80,12 @@ def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster
 
 
 def save_placement(result: PlacementResult, graph: OpGraph, cluster: Cluster,
-                   path: str | os.PathLike[str]) -> None:
-    """Write `result` (a placement of `graph` on `cluster`) as a placement file."""
-    write_file(path, json_text(placement_doc(result, graph, cluster), indent=1) + "\n",
-               "placement file")
+                   path: str | os.PathLike[str], *, batch: int | None = None,
+                   micro_batches: int = 1) -> None:
+    """Write `result` (a placement of `graph` on `cluster`) as a placement file (see
+    `placement_doc` for ``batch`` and ``micro_batches``)."""
+    doc = placement_doc(result, graph, cluster, batch=batch, micro_batches=micro_batches)
+    write_file(path, json_text(doc, indent=1) + "\n", "placement file")
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -115,7 +119,9 @@ def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
         want = doc["graph"].get("graph_hash")
         if want != graph.graph_hash:
             raise TravorderError(f"placement is for graph {str(want)[:12]}, not "
-                                 f"{graph.graph_hash[:12]} ({graph.name!r})")
+                                 f"{graph.graph_hash[:12]} ({graph.name!r}): another model, "
+                                 f"or its step at another batch or micro-batch count, or "
+                                 f"not its training step")
         missing = [x for x in graph.names.tolist() if x not in mapping]
         if missing:
             raise TravorderError(f"placement file {str(path)!r} does not place node "
