@@ -148,6 +148,8 @@ def test_bad_files(tmp_path, content, message):
     (("nodes", "colocation", [None, -1, -1, -1]), "'nodes.colocation' must be a list of int"),
     (("nodes", "is_backward", ["no"] * 4), "'nodes.is_backward' must be a list of true or"),
     (("nodes", "flops", ["1", "x", 1, 1]), "'nodes.flops' must be a list of numbers"),
+    (("nodes", "flops", ["5", 1, 1, 1]), "'nodes.flops' must be a list of numbers"),
+    (("nodes", "time_us", [True, 1, 1, 1]), "'nodes.time_us' must be a list of numbers"),
     (("nodes", "name", [1, 2, 3, 4]), "'nodes.name' must be a list of strings"),
     (("edges", "src", [0.5, 0, 1, 2]), "'edges.src' must be a list of integers"),
     (("nodes", "flops", None), "'nodes.flops' must be a list of numbers"),

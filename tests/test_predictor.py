@@ -876,3 +876,23 @@ def test_checks_over_memory_and_of_zero_time(model_dir, onnx_model, monkeypatch,
                                                       dict.fromkeys(ORDERS, True)))
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=len(ORDERS))
     assert sorted(rec.tied) == sorted(ORDERS) and rec.tie_margin == 0.0
+
+
+def test_ops_of_unknown_shape_are_a_warning(model_dir, tmp_path):
+    from onnx import TensorProto, helper
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+         helper.make_node("Relu", ["h"], ["y"], name="relu")], "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    path = tmp_path / "dynamic.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    rec = recommend_order(str(path), "k80x3", predictor=model_dir)
+    assert rec.warnings[0] == ("2 of 2 ops have inputs of unknown shape and are costed as "
+                               "no work (symbolic dimensions: batch; bind them with "
+                               "travorder.graph.onnx_import.read_onnx(path, dims=...))")
+    assert rec.confidence == "low"
+    with pytest.raises(TravorderError, match="symbolic dimensions batch: bind them"):
+        recommend_order(str(path), "k80x3", predictor=model_dir, batch=8)

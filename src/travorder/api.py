@@ -189,6 +189,13 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                                 manifest.get("coarsen_max_nodes", 0))
     row = feature_row(graph_features(prepared), c, features_of(prepared, c, compiled=False))
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
+    if unknown := g.meta.get("n_unknown_shape_ops", 0):
+        symbolic = g.meta.get("symbolic_dims") or []
+        warnings.insert(0, f"{unknown} of {g.n_nodes} ops have inputs of unknown shape and "
+                           f"are costed as no work" + (
+                               f" (symbolic dimensions: {', '.join(symbolic)}; bind them "
+                               f"with travorder.graph.onnx_import.read_onnx(path, dims=...))"
+                               if symbolic else ""))
     learned_from = manifest.get("placer", placer)
     if learned_from != placer:
         from travorder.placement.placers import get_placer  # numba: off the common path

@@ -43,8 +43,12 @@ def scale_batch(g: OpGraph, batch: int) -> OpGraph:
                          f"batch {batch} instead")
     exported = g.meta.get("batch_size")
     if not exported:
+        symbolic = g.meta.get("symbolic_dims") or []
         raise GraphError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
-                         f"to batch {batch}")
+                         f"to batch {batch}" + (
+                             f" (its inputs have symbolic dimensions {', '.join(symbolic)}: "
+                             f"bind them with travorder.graph.onnx_import.read_onnx(path, "
+                             f"dims=...))" if symbolic else ""))
     if isinstance(exported, bool) or not isinstance(exported, int | float) or not (
             0 < exported < float("inf")):
         raise GraphError(f"graph {g.name!r} records batch_size {exported!r}, not a positive "

@@ -84,6 +84,8 @@ def _column(doc: dict[str, Any], table: str, column: str, source: str) -> Any:
         raise FormatError(f"{source}: graph field {field!r} must be a list of {words}")
     if kind in "Ub":
         return values  # as OpGraph takes them
+    if kind == "f" and not all(v is None or type(v) in (int, float) for v in values):
+        raise FormatError(f"{source}: graph field {field!r} must be a list of {words}")
     try:
         array = np.asarray(values, dtype=float if kind == "f" else None)
     except (TypeError, ValueError):
