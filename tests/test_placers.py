@@ -255,7 +255,8 @@ def test_placement_file_round_trip(tmp_path) -> None:
     r, path = saved(tmp_path)
     doc = json.loads(path.read_text())
     assert doc["format"] == "travorder.placement" and doc["format_version"] == 1
-    assert doc["graph"] == {"name": "chains", "graph_hash": CHAINS.graph_hash, "n_nodes": 6}
+    assert doc["graph"] == {"name": "chains", "graph_hash": CHAINS.graph_hash, "n_nodes": 6,
+                            "batch": None, "micro_batches": 1}
     assert doc["placement"] == {"a1": 0, "a2": 0, "a3": 0, "b1": 1, "b2": 1, "b3": 1}
     assert doc["devices"] == ["g0", "g1"]
     assert doc["cluster"]["name"] == "test"
@@ -278,7 +279,9 @@ def test_placement_file_errors(tmp_path) -> None:
     other = OpGraph(["x"], [], [], meta={"name": "other"})
     with pytest.raises(TravorderError, match=rf"^placement is for graph "
                                              rf"{CHAINS.graph_hash[:12]}, not "
-                                             rf"{other.graph_hash[:12]} \('other'\)$"):
+                                             rf"{other.graph_hash[:12]} \('other'\): "
+                                             rf"another model, or its step at another "
+                                             rf"batch or micro-batch count"):
         load_placement(path, other)
     with pytest.raises(TravorderError, match=r"placement is for 2 devices, cluster 'k80x3' "
                                              r"has 3"):

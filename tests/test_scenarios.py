@@ -306,7 +306,7 @@ def test_recommend_order_places_the_users_batch_and_pipeline(tmp_path, capsys):
 
 @pytest.mark.parametrize(("flag", "value", "message"), [
     ("--batch", "0", "batch must be"), ("--batch", "-8", "batch must be"),
-    ("--micro-batches", "0", "micro_batches must be an integer >= 1")])
+    ("--micro-batches", "0", "micro-batches must be an integer >= 1")])
 def test_recommend_order_bad_batch_is_one_line(tmp_path, capsys, flag, value, message):
     import onnx
 

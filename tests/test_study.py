@@ -360,15 +360,19 @@ def test_every_bundled_spec_has_its_dataset_in_a_bundled_dataset():
 
 
 def test_a_bad_placer_option_writes_nothing(tmp_path):
-    bad = spec(placer={"name": "rl", "options": {"episodes": -3}})
+    with pytest.raises(TravorderError, match="episodes must be at least 1"):  # read
+        spec(placer={"name": "rl", "options": {"episodes": -3}})
+    # the paper preset fits the options, not a 4-device cluster: the runner's preflight
+    bad = spec(placer={"name": "rl", "options": {"preset": "paper"}},
+               clusters=["v100x4-nvlink"])
     store = tmp_path / "s.sqlite"
-    with pytest.raises(TravorderError, match="episodes must be at least 1"):
+    with pytest.raises(TravorderError, match="paper preset is the study's setting"):
         run_study(bad, store, progress=False)
     assert not store.exists()
     run_study(spec(), store, progress=False)
     with ResultStore(store) as st:
         before = st.status()
-    with pytest.raises(TravorderError, match="episodes must be at least 1"):
+    with pytest.raises(TravorderError, match="paper preset is the study's setting"):
         run_study(bad, store, progress=False)
     with ResultStore(store) as st:
         assert st.status() == before and len(before["studies"]) == 1
