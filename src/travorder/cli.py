@@ -1125,12 +1125,15 @@ def cmd_recommend(args: argparse.Namespace) -> None:
 def _step_options(parser: argparse.ArgumentParser, default_micro_batches: int | None = 1
                   ) -> None:
     """``--batch`` and ``--micro-batches``: the training step a placement is for."""
+    recorded = default_micro_batches is None  # simulate: what the placement file says
     parser.add_argument("--batch", type=int, metavar="B",
-                        help="the training batch (default: the batch the model was "
-                             "exported at)")
+                        help="the training batch (default: " + (
+                            "the placement file's" if recorded else
+                            "the batch the model was exported at") + ")")
     parser.add_argument("--micro-batches", type=int, default=default_micro_batches,
                         metavar="M",
-                        help="the training step pipelined over M micro-batches (default 1)")
+                        help="the training step pipelined over M micro-batches (default: "
+                             + ("the placement file's" if recorded else "1") + ")")
 
 
 def recommend_parser() -> argparse.ArgumentParser:

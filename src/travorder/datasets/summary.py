@@ -346,7 +346,11 @@ def write_corpus_doc(out_md: str | os.PathLike[str], out_png: str | os.PathLike[
         pc1=_top_loadings(proj.loadings[0]), pc2=_top_loadings(proj.loadings[1]),
         comparison=_synthetic_comparison())
     for path in (md, png):
-        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TravorderError(f"cannot make the folder of {str(path)!r}: "
+                                 f"{exc.strerror}") from None
     write_file(png, figure, "figure")
     write_file(md, text, "corpus page")
     return [md, png]

@@ -57,7 +57,8 @@ def rl_options(options: dict[str, Any]) -> dict[str, Any]:
     1`` is ``1.0``): the options a run's configuration is known by."""
     options = dict(options)
     preset = options.pop("preset", None)
-    config = _load("trainer").RLConfig.from_options(preset or "default", **options)
+    config = _load("trainer").RLConfig.from_options(
+        "default" if preset is None else preset, **options)
     return {**({} if preset is None else {"preset": preset}),
             **{key: getattr(config, key) for key in options}}
 
