@@ -487,6 +487,42 @@ def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = 
     return deduplicate(pd.concat(frames, ignore_index=True))
 
 
+def _merge_orders(frame: Any, out: Any, groups: Any, orders: list[str]) -> None:
+    """Into each group's last row of ``out``, the columns of each order from the group's
+    last row that ran it, and the summary columns computed again (`deduplicate`)."""
+    import pandas as pd
+
+    number = groups.ngroup().to_numpy()
+    rows = groups.ngroup().index.to_numpy()
+    last = pd.Series(rows).groupby(number).max().to_numpy()
+    ran = {o: ~np.isnan(frame[f"time_{o}"].to_numpy(dtype=float)[rows]) for o in orders}
+    taken = {o: pd.Series(np.where(r, rows, -1)).groupby(number).max().to_numpy()
+             for o, r in ran.items()}  # per group, the last row that ran o (-1: none)
+    merged = np.flatnonzero(np.any([(t >= 0) & (t != last) for t in taken.values()], axis=0))
+    if not merged.size:
+        return
+    for o, t in taken.items():
+        move = merged[(t[merged] >= 0) & (t[merged] != last[merged])]
+        for column in (f"{k}_{o}" for k in ("time", "se", "seeds", "feasible")):
+            if column in frame.columns:
+                out.loc[last[move], column] = frame.loc[t[move], column].to_numpy()
+    ties = frame["construction_ties"] if "construction_ties" in frame.columns else None
+    summaries = []
+    for g, rec in zip(merged, out.loc[last[merged]].to_dict("records"), strict=True):
+        source = {o: t[g] for o, t in taken.items() if t[g] >= 0}
+        in_group = rows[number == g]
+        # a construction tie holds between orders whose columns come from one row
+        tie_groups = [kept for i in in_group
+                      for grp in _tie_groups(None if ties is None else ties.iat[i])
+                      if len(kept := [o for o in grp if source.get(o) == i]) > 1]
+        single = float(rec.get("single_device_us", np.nan))
+        fits = bool(rec.get("single_device_feasible", False)) and np.isfinite(single)
+        summaries.append(_row_summary(rec, orders, tie_groups, fits))
+    new = pd.DataFrame(summaries, index=last[merged])
+    for column in new.columns:
+        out.loc[new.index, column] = new[column]
+
+
 def _scenario_defs(frame: Any) -> list[tuple[str, str]]:
     """The distinct (scenario name, definition) pairs of a dataset's rows, as
     canonical JSON (none for a dataset exported before scenarios)."""
@@ -516,26 +552,7 @@ def deduplicate(frame: Any) -> Any:
     repeated = frame.duplicated(subset=key, keep=False).to_numpy()
     orders = dataset_orders(frame)
     out = frame.copy()
-    repeats = frame[repeated].groupby(key, sort=False, dropna=False).groups if orders else {}
-    for index in repeats.values():
-        taken = {}  # order -> the row its columns come from
-        for i in index:
-            taken.update({o: i for o in orders if not np.isnan(frame.at[i, f"time_{o}"])})
-        last = index[-1]
-        if all(i == last for i in taken.values()):
-            continue
-        for o, i in taken.items():
-            for column in (f"{k}_{o}" for k in ("time", "se", "seeds", "feasible")):
-                if column in frame.columns:
-                    out.at[last, column] = frame.at[i, column]
-        # a construction tie holds between orders whose columns come from one row
-        groups = [kept for i in index
-                  for g in _tie_groups(frame.at[i, "construction_ties"]
-                                       if "construction_ties" in frame.columns else None)
-                  if len(kept := [o for o in g if taken.get(o) == i]) > 1]
-        rec = out.loc[last].to_dict()
-        single = float(rec.get("single_device_us", np.nan))
-        fits = bool(rec.get("single_device_feasible", False)) and np.isfinite(single)
-        for column, value in _row_summary(rec, orders, groups, fits).items():
-            out.loc[last, column] = value
+    if orders and repeated.any():
+        _merge_orders(frame, out, frame[repeated].groupby(key, sort=False, dropna=False),
+                      orders)
     return out.drop_duplicates(subset=key, keep="last").reset_index(drop=True)
