@@ -31,11 +31,12 @@ import torch
 from scipy.stats import spearmanr
 
 from travorder.datasets.torch_examples import MODELS, loss_for
+from travorder.errors import TravorderError
 from travorder.graph import training_graph
 from travorder.placement import Simulator, load_cluster
 from travorder.placement.calibrate import calibrate
 from travorder.placement.capture import capture_graph
-from travorder.placement.launch import apply, time_step, to_device
+from travorder.placement.launch import apply, check_device, time_step, to_device
 from travorder.placement.placers import place_graph
 
 PLACERS = ("single", "round_robin", "contiguous", "greedy", "m_topo", "m_etf", "m_sct")
@@ -113,6 +114,14 @@ def main() -> None:
 
     if args.devices:
         devices = args.devices.split(",")
+        if not gpus and any(d.strip().startswith("cuda") for d in devices):
+            print(f"no GPU on this machine: running {len(devices)} CPU devices instead of "
+                  f"{args.devices}")  # as calibrate does
+            devices = ["cpu"] * len(devices)
+        try:
+            devices = [check_device(d) for d in devices]
+        except TravorderError as exc:
+            raise SystemExit(f"error: {exc}") from None
     else:
         devices = [f"cuda:{i}" for i in range(gpus)] if gpus >= 2 else ["cpu"] * 3
     plumbing = len({torch.device(d) for d in devices}) == 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging.handlers
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -122,8 +124,14 @@ class _Branchy(nn.Module):
 def test_bad_input():
     with pytest.raises(TravorderError, match=r"cannot trace _Branchy with torch\.fx"):
         capture(_Branchy(), torch.ones(2))
-    with pytest.raises(TravorderError, match="Linear failed on the example inputs"):
-        capture(nn.Linear(4, 3), torch.ones(2, 5))
+    logged = logging.handlers.BufferingHandler(100)
+    logging.getLogger("torch._subclasses.fake_tensor").addHandler(logged)
+    try:
+        with pytest.raises(TravorderError, match="Linear failed on the example inputs"):
+            capture(nn.Linear(4, 3), torch.ones(2, 5))
+    finally:
+        logging.getLogger("torch._subclasses.fake_tensor").removeHandler(logged)
+    assert logged.buffer == []  # no traceback logged by fake tensors before the one line
     with pytest.raises(TravorderError, match=r"expected a torch\.nn\.Module, got function"):
         capture(lambda x: x, torch.ones(2))
     with pytest.raises(TravorderError, match="Linear failed on the example inputs: its "

@@ -106,7 +106,76 @@ def test_placements_of_a_batch_and_micro_batches_simulate_again(capsys, model, t
         code, out, _ = run(capsys, "simulate", model, str(tmp_path / path), "--json")
         assert code == 0 and json.loads(out)["step_time_us"] == pytest.approx(want)
     _one_line_error(capsys, ["simulate", model, str(tmp_path / "p.json"), "--micro-batches",
-                             "1"], "or its step at another batch or micro-batch count")
+                             "1"], "or its step at another batch, micro-batch count")
+
+
+@pytest.fixture(scope="module")
+def dynamic_model(tmp_path_factory) -> str:
+    """A two-op ONNX model whose batch dimension is symbolic."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+         helper.make_node("Relu", ["h"], ["y"], name="relu")], "dynamic",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    path = tmp_path_factory.mktemp("dyn") / "dynamic.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return str(path)
+
+
+def test_dim_binds_symbolic_dimensions_and_placement_files_keep_them(
+        capsys, dynamic_model, model, tmp_path):
+    from travorder.cli import recommend_main
+
+    code, out, _ = run(capsys, "info", dynamic_model, "--json")
+    assert code == 0 and json.loads(out)["unknown_shape_ops"] == ["mm", "relu"]
+    assert json.loads(out)["symbolic_dims"] == ["batch"]
+    code, out, _ = run(capsys, "info", dynamic_model)
+    assert "bind them with --dim batch=N" in out and "batch exported at" in out
+    code, out, _ = run(capsys, "info", dynamic_model, "--dim", "batch=8", "--json")
+    assert code == 0 and json.loads(out)["unknown_shape_ops"] == []
+    assert json.loads(out)["symbolic_dims"] == [] and json.loads(out)["batch_size"] == 8
+    assert json.loads(out)["flops"] == 2 * 8 * 64 * 64 + 8 * 64
+    assert recommend_main([dynamic_model, "--json"]) == 0
+    assert "unknown shape" in json.loads(capsys.readouterr().out)["warnings"][0]
+    assert recommend_main([dynamic_model, "--dim", "batch=8", "--json"]) == 0
+    assert not any("unknown shape" in w
+                   for w in json.loads(capsys.readouterr().out)["warnings"])
+    placement = str(tmp_path / "p.json")
+    code, out, _ = run(capsys, "place", dynamic_model, "--dim", "batch=8", "-o", placement,
+                       "--json")
+    assert code == 0 and json.loads(out)["graph"]["dims"] == {"batch": 8}
+    code, sim, _ = run(capsys, "simulate", dynamic_model, placement, "--json")  # the file's
+    assert code == 0
+    assert json.loads(sim)["step_time_us"] == pytest.approx(json.loads(out)["step_time_us"])
+    # bound at 4, the model is scaled to the batch of 8 the file records: the same step
+    code, again, _ = run(capsys, "simulate", dynamic_model, placement, "--dim", "batch=4",
+                         "--json")
+    assert json.loads(again)["step_time_us"] == pytest.approx(json.loads(sim)["step_time_us"])
+    _one_line_error(capsys, ["simulate", dynamic_model, placement, "--batch", "16"],
+                    "(batch 8, 1 micro-batch, dim batch=8), not ")
+    _one_line_error(capsys, ["simulate", model, placement],  # the file's --dim: not this model
+                    "no symbolic input dimension named batch to bind (the model has: none); "
+                    f"the dimensions are those of placement file {placement!r}: a placement "
+                    "of another model?")
+    _one_line_error(capsys, ["info", dynamic_model, "--dim", "seq=2"],
+                    "no symbolic input dimension named seq to bind (the model has: batch)")
+    native = str(tmp_path / "g.json.gz")
+    assert run(capsys, "convert", dynamic_model, native, "--dim", "batch=2")[0] == 0
+    _one_line_error(capsys, ["place", native, "--dim", "batch=2"],
+                    "not an ONNX model, so it has no symbolic dimensions to bind")
+
+
+@pytest.mark.parametrize(("dim", "says"), [
+    (["batch"], "expected NAME=N with N an integer >= 1, got 'batch'"),
+    (["batch=0"], "got 'batch=0'"), (["batch=x"], "got 'batch=x'"), (["=2"], "got '=2'"),
+    (["batch=2", "--dim", "batch=3"], "batch given twice")])
+def test_bad_dim_gets_one_line(capsys, dynamic_model, dim, says):
+    with pytest.raises(SystemExit) as info:
+        main(["place", dynamic_model, "--dim", *dim])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ")
+    assert says in err
 
 
 def test_orders_one_per_line(capsys, model):

@@ -4,6 +4,7 @@ placement says, transfers where edges cross devices, clear errors for bad input.
 from __future__ import annotations
 
 import copy
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -255,6 +256,12 @@ def test_placements_at_another_batch_or_over_micro_batches(tmp_path):
         assert list(placed.op_devices.values()) == want[:g.n_nodes].tolist()  # micro-batch 0
         assert torch.equal(placed(*x), model(*x))
     assert len(set(by_file.placement[:g.n_nodes].tolist())) > 1  # round robin: several
+    assert json.loads(path.read_text())["graph"]["batch"] == 64
+    placed = apply(copy.deepcopy(model), x, path, CPUS)  # the file says its step
+    assert list(placed.op_devices.values()) == by_file.placement[:g.n_nodes].tolist()
+    with pytest.raises(TravorderError, match=r"\(batch 64, 2 micro-batches, training= and "
+                                             r"batch= as the placement file records\): "):
+        apply(model, x, path, CPUS, micro_batches=2)  # what is given wins
     forward = place(g, "k80x3", order="topo", placer="round_robin", training=False, batch=64,
                     micro_batches=2)  # a forward-only placement, as place makes it
     placed = apply(copy.deepcopy(model), x, forward, CPUS, training=False, batch=64,
@@ -293,7 +300,7 @@ def test_bad_placements(tmp_path):
         apply(model, x, [0] * 10 + [3], CPUS)
     with pytest.raises(TravorderError, match="no device for op 'size'"):
         apply(model, x, {"cell": 0}, CPUS)
-    with pytest.raises(TravorderError, match="list of device indices"):
+    with pytest.raises(TravorderError, match="must give each op an integer device index"):
         apply(model, x, [0.5] * 11, CPUS)
     with pytest.raises(TravorderError, match="no devices given"):
         apply(model, x, [0] * 11, [])
@@ -308,7 +315,7 @@ def test_placement_needs_as_many_devices_as_its_cluster(tmp_path):
     for placement in (on_first, path):
         for devices in (["cpu"], ["cpu"] * 4):
             with pytest.raises(TravorderError, match=f"cluster of 3 devices, but "
-                                                     f"{len(devices)} were given"):
+                                                     f"{len(devices)} devices? w(as|ere) given$"):
                 apply(model, x, placement, devices)
     assert placement_slots(g, on_first, 3).tolist() == [0] * g.n_nodes
 

@@ -349,8 +349,15 @@ def test_symbolic_dims_reported_and_bound():
     bound = read_onnx(model, dims={"batch": 4})
     assert bound.meta["n_unknown_shape_ops"] == 0 and bound.meta["symbolic_dims"] == []
     assert bound.flops.tolist() == [12] and bound.meta["batch_size"] == 4
-    with pytest.raises(TravorderError, match="dims names seq, not a symbolic input"):
+    with pytest.raises(TravorderError, match="no symbolic input dimension named seq to bind "
+                       r"\(the model has: batch\)"):
         read_onnx(model, dims={"seq": 4})
+    with pytest.raises(TravorderError, match=r"dims must map symbolic dimension names to "
+                                             r"integers, e.g. \{'batch': 8\}, not \['batch'\]"):
+        read_onnx(model, dims=["batch"])
+    for bad in (0, -2, 2.5, True, "8"):
+        with pytest.raises(TravorderError, match="batch must be bound to an integer >= 1"):
+            read_onnx(model, dims={"batch": bad})
 
 
 # ---------------------------------------------------------------- files

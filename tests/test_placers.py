@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -256,7 +257,8 @@ def test_placement_file_round_trip(tmp_path) -> None:
     doc = json.loads(path.read_text())
     assert doc["format"] == "travorder.placement" and doc["format_version"] == 1
     assert doc["graph"] == {"name": "chains", "graph_hash": CHAINS.graph_hash, "n_nodes": 6,
-                            "batch": None, "micro_batches": 1}
+                            "training": False, "batch": None, "micro_batches": 1,
+                            "dims": {}}
     assert doc["placement"] == {"a1": 0, "a2": 0, "a3": 0, "b1": 1, "b2": 1, "b3": 1}
     assert doc["devices"] == ["g0", "g1"]
     assert doc["cluster"]["name"] == "test"
@@ -278,10 +280,14 @@ def test_placement_file_errors(tmp_path) -> None:
     _, path = saved(tmp_path)
     other = OpGraph(["x"], [], [], meta={"name": "other"})
     with pytest.raises(TravorderError, match=rf"^placement is for graph "
-                                             rf"{CHAINS.graph_hash[:12]}, not "
-                                             rf"{other.graph_hash[:12]} \('other'\): "
+                                             rf"{CHAINS.graph_hash[:12]} \(forward only, its "
+                                             rf"own batch, 1 micro-batch\), not "
+                                             rf"{other.graph_hash[:12]} \('other', forward "
+                                             rf"only, its own batch, 1 micro-batch\): "
                                              rf"another model, or its step at another "
-                                             rf"batch or micro-batch count"):
+                                             rf"batch, micro-batch count or symbolic "
+                                             rf"dimensions \(--dim\), or not its training "
+                                             rf"step$"):
         load_placement(path, other)
     with pytest.raises(TravorderError, match=r"placement is for 2 devices, cluster 'k80x3' "
                                              r"has 3"):
@@ -304,6 +310,14 @@ def test_placement_file_errors(tmp_path) -> None:
     write(placement={**doc["placement"], "zz": 0})
     with pytest.raises(TravorderError, match="places node 'zz', which graph 'chains' lacks"):
         load_placement(path, CHAINS)
+    for key, value, says in (("training", "yes", "true or false"),
+                             ("batch", "abc", "null or an integer >= 1"),
+                             ("micro_batches", 0, "an integer >= 1"),
+                             ("dims", {"batch": 0}, "an object of symbolic dimension names")):
+        write(graph={**doc["graph"], key: value})
+        with pytest.raises(FormatError, match=rf"^placement file '{path}': graph\.{key} must "
+                                              rf"be {says}"):
+            load_placement(path)
     write(format_version=2)
     with pytest.raises(FormatError, match="format version 2 is not supported"):
         load_placement(path)
@@ -319,8 +333,21 @@ def test_placement_file_errors(tmp_path) -> None:
 
 def test_save_rejects_a_placement_of_another_graph(tmp_path) -> None:
     r = place_graph(CHAINS, cluster(), "greedy")
-    with pytest.raises(TravorderError, match="the placement has 6 entries, graph 'fork' has 3"):
+    with pytest.raises(TravorderError, match=rf"^the placement is of graph "
+                                             rf"{CHAINS.graph_hash[:12]}, not "
+                                             rf"{FORK.graph_hash[:12]} \('fork', forward only"):
         save_placement(r, FORK, cluster(), tmp_path / "p.json")
+    with pytest.raises(TravorderError, match="the placement has 6 entries, graph 'fork' has 3"):
+        save_placement(dataclasses.replace(r, graph_hash=""), FORK, cluster(),
+                       tmp_path / "p.json")
+    assert not (tmp_path / "p.json").exists()
+    with pytest.raises(TravorderError, match="the placement is for 2 devices, cluster 'k80x3' "
+                                             "has 3"):
+        save_placement(r, CHAINS, "k80x3", tmp_path / "p.json")
+    assert not (tmp_path / "p.json").exists()
+    save_placement(place_graph(CHAINS, "k80x3", "greedy"), CHAINS, "k80x3",
+                   tmp_path / "p.json")  # a preset, by name
+    assert load_placement(tmp_path / "p.json", CHAINS, load_cluster("k80x3"))[0].size == 6
 
 
 def test_placement_result_is_frozen() -> None:

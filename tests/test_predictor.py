@@ -21,7 +21,7 @@ from travorder.datasets.onnx_examples import residual_cnn
 from travorder.datasets.synthetic import SYNTHETIC_FAMILIES
 from travorder.errors import FormatError, TravorderError, json_text
 from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
-from travorder.graph import training_graph
+from travorder.graph import load_graph, training_graph
 from travorder.predictor.active import bundled_model_dir
 from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate
@@ -892,7 +892,15 @@ def test_ops_of_unknown_shape_are_a_warning(model_dir, tmp_path):
     rec = recommend_order(str(path), "k80x3", predictor=model_dir)
     assert rec.warnings[0] == ("2 of 2 ops have inputs of unknown shape and are costed as "
                                "no work (symbolic dimensions: batch; bind them with "
-                               "travorder.graph.onnx_import.read_onnx(path, dims=...))")
+                               "--dim batch=N (dims={'batch': N} in Python))")
     assert rec.confidence == "low"
     with pytest.raises(TravorderError, match="symbolic dimensions batch: bind them"):
         recommend_order(str(path), "k80x3", predictor=model_dir, batch=8)
+    bound = recommend_order(str(path), "k80x3", predictor=model_dir, dims={"batch": 8},
+                            batch=16)  # bound at 8, scaled to 16
+    assert not any("unknown shape" in w for w in bound.warnings)
+    placed = place(str(path), "k80x3", order="topo", dims={"batch": 8}, batch=16)
+    assert placed.step_time_us > place(str(path), "k80x3", order="topo",
+                                       dims={"batch": 8}).step_time_us
+    with pytest.raises(TravorderError, match="not an ONNX model, so it has no symbolic"):
+        place(load_graph(path), "k80x3", order="topo", dims={"batch": 8})

@@ -219,6 +219,7 @@ def test_scenario_names_and_product():
     ({"batch": 0}, "batch must be"),
     ({"batch": "huge"}, "batch must be"),
     ({"micro_batches": 0}, "micro_batches must be an integer >= 1"),
+    ({"batch": 2, "micro_batches": 4}, "micro_batches 4 exceed its batch 2: a micro-batch"),
     ({"memory": 0.0}, r"memory must be a fraction in \(0, 1\]"),
     ({"memory": 1.5}, r"memory must be a fraction in \(0, 1\]"),
     ({"memroy": 0.5}, "unknown scenario key 'memroy'"),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from numbers import Integral, Real
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ import numpy as np
 from travorder.errors import TravorderError, check_seed
 from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
+from travorder.graph.batch import bind_hint
 from travorder.graph.prepare import placed_graph
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.predictor.active import load_predictor
@@ -97,23 +99,28 @@ class Recommendation:
         return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "placement"}
 
 
-def as_graph(model: Any, example_inputs: Any = None) -> OpGraph:
+def as_graph(model: Any, example_inputs: Any = None,
+             dims: Mapping[str, int] | None = None) -> OpGraph:
     """An `OpGraph` from a path, an OpGraph, an ``onnx.ModelProto`` or a torch module with
     example inputs (captured with torch.fx, so that a placement of it can be applied to
-    the module with `travorder.placement.launch.apply`)."""
+    the module with `travorder.placement.launch.apply`). ``dims`` binds an ONNX model's
+    symbolic input dimensions, e.g. ``{"batch": 32}``."""
     torch = sys.modules.get("torch")  # a torch module can only exist if torch is loaded
     if torch is not None and isinstance(model, torch.nn.Module):
         if example_inputs is None:
             raise TravorderError("a torch module needs example_inputs to be traced")
+        if dims:
+            raise TravorderError("dims bind an ONNX model's symbolic dimensions; a torch "
+                                 "module takes its shapes from example_inputs")
         from travorder.placement.capture import capture_graph
 
         return capture_graph(model, example_inputs)
     if type(model).__name__ == "ModelProto":
         from travorder.graph.onnx_import import read_onnx
 
-        return read_onnx(model)
+        return read_onnx(model, dims=dims)
     if isinstance(model, OpGraph | str) or hasattr(model, "__fspath__"):
-        return load_graph(model)
+        return load_graph(model, dims=dims)
     raise TravorderError(f"cannot read a model from {type(model).__name__}; give a file "
                          "path, an OpGraph, an onnx.ModelProto or a torch module")
 
@@ -122,7 +129,8 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
                     example_inputs: Any = None, predictor: str | None = None,
                     explain: bool = False, verify: int = 0, budget: float | None = None,
                     placer: str = "greedy", seed: int = 0, batch: int | None = None,
-                    micro_batches: int = 1) -> Recommendation:
+                    micro_batches: int = 1, dims: Mapping[str, int] | None = None
+                    ) -> Recommendation:
     """Recommend the traversal order for placing ``model`` on ``cluster``.
 
     ``model``: a file (ONNX, travorder ``.json.gz``, dnn-partitioning JSON), an `OpGraph`,
@@ -132,7 +140,9 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     (default: the batch the model was exported at); ``micro_batches``: the training step
     pipelined over that many micro-batches (`travorder.graph.pipeline`). The scenario
     features (memory pressure, compute-to-transfer ratio, batch, micro-batches) come from
-    the model as scaled and pipelined so, on ``cluster``.
+    the model as scaled and pipelined so, on ``cluster``. ``dims``: values of an ONNX
+    model's symbolic input dimensions (``{"batch": 32}``; the warnings name any left
+    unbound).
 
     Checking by placement: ``budget=SECONDS`` places the model's training-step graph with
     ``placer`` under the predictor's orders (`OrderPredictor.shortlist`: its pick, then
@@ -147,7 +157,7 @@ def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", 
     placement they write, unless one device is faster still: they then write the
     single-device placement and say so (``fallback``).
     """
-    g = as_graph(model, example_inputs)
+    g = as_graph(model, example_inputs, dims)
     return _recommend(g, True, load_cluster(cluster), predictor=predictor,
                       explain=explain, verify=verify, budget=budget, placer=placer, seed=seed,
                       batch=batch, micro_batches=micro_batches)
@@ -193,9 +203,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         symbolic = g.meta.get("symbolic_dims") or []
         warnings.insert(0, f"{unknown} of {g.n_nodes} ops have inputs of unknown shape and "
                            f"are costed as no work" + (
-                               f" (symbolic dimensions: {', '.join(symbolic)}; bind them "
-                               f"with travorder.graph.onnx_import.read_onnx(path, dims=...))"
-                               if symbolic else ""))
+                               f" (symbolic dimensions: {', '.join(symbolic)}; "
+                               f"{bind_hint(symbolic)})" if symbolic else ""))
     learned_from = manifest.get("placer", placer)
     if learned_from != placer:
         from travorder.placement.placers import get_placer  # numba: off the common path
@@ -329,7 +338,7 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
           placer: str = "greedy", *, seed: int = 0, example_inputs: Any = None,
           training: bool = True, predictor: str | None = None, verify: int = 0,
           budget: float | None = None, batch: int | None = None, micro_batches: int = 1,
-          **options: Any) -> PlacementResult:
+          dims: Mapping[str, int] | None = None, **options: Any) -> PlacementResult:
     """Place ``model`` on ``cluster``; ``order="auto"`` uses the recommended order (checked
     by placement over a shortlist of ``verify`` orders or for ``budget`` seconds, see
     `recommend_order`; the checked placement is returned as it was measured), and the
@@ -337,14 +346,15 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
     time of each order checked.
 
     The graph is expanded to a training-step graph unless ``training=False``, at
-    ``batch``, pipelined over ``micro_batches`` (see `recommend_order`); ``options`` go to
+    ``batch``, pipelined over ``micro_batches``, with ``dims`` bound (see
+    `recommend_order`); ``options`` go to
     the placer (e.g. ``episodes=`` for ``rl``). A placement slower than putting
     everything on one device (or over memory where one device fits) is never returned:
     the single-device placement comes back instead, with ``result.fallback`` set.
     """
     from travorder.placement.placers import place_graph, with_floor
 
-    g = as_graph(model, example_inputs)
+    g = as_graph(model, example_inputs, dims)
     c = load_cluster(cluster)
     placed = placed_graph(g, training, batch, micro_batches)
     rec = None

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from travorder.errors import TravorderError, json_text, write_file, writes_in_place
+from travorder.errors import DimsError, TravorderError, json_text, write_file, writes_in_place
 
 EXIT_USAGE = 2
 
@@ -99,14 +99,15 @@ def _human(x: float, unit: str = "") -> str:
 
 
 # --------------------------------------------------------------------------- graph
-def _load(path: str, *, training: bool = False, batch: int | None = None,
-          micro_batches: int = 1) -> Any:
-    """The graph of model file ``path``: its training step if ``training``, at ``batch``
-    over ``micro_batches`` (`travorder.graph.prepare.placed_graph`)."""
+def _load(path: str, dims: dict[str, int] | None, *, training: bool = False,
+          batch: int | None = None, micro_batches: int = 1) -> Any:
+    """The graph of model file ``path`` with its symbolic dimensions bound to ``dims``: its
+    training step if ``training``, at ``batch`` over ``micro_batches``
+    (`travorder.graph.prepare.placed_graph`)."""
     from travorder.graph import load_graph, training_graph
     from travorder.graph.prepare import placed_graph
 
-    g = load_graph(path)
+    g = load_graph(path, dims=dims)
     if batch is not None or micro_batches != 1:
         return placed_graph(g, training, batch, micro_batches)
     return training_graph(g) if training else g
@@ -116,8 +117,9 @@ def cmd_info(args: argparse.Namespace) -> None:
     import numpy as np
 
     from travorder.graph import training_graph
+    from travorder.graph.batch import bind_hint
 
-    g = _load(args.model)
+    g = _load(args.model, args.dims)
     info = {
         "name": g.name,
         "family": g.meta.get("family"),
@@ -132,6 +134,8 @@ def cmd_info(args: argparse.Namespace) -> None:
         # what the placers and recommend-order work on: the training step
         "training_step_nodes": training_graph(g).n_nodes,
         "unknown_shape_ops": list(g.meta.get("unknown_shape_ops") or []),
+        "symbolic_dims": list(g.meta.get("symbolic_dims") or []),
+        "batch_size": g.meta.get("batch_size"),
     }
     if args.features:
         from travorder.featurize import FEATURE_SCHEMA_VERSION, graph_features
@@ -155,6 +159,10 @@ def cmd_info(args: argparse.Namespace) -> None:
     table.add_row("activations", _human(info["activation_bytes"], "B"))
     table.add_row("family / source",
                   f"{info['family'] or 'unknown'} / {info['source'] or 'unknown'}")
+    table.add_row("batch exported at", str(info["batch_size"] or "unknown"))
+    if symbolic := info["symbolic_dims"]:
+        table.add_row("symbolic dimensions", f"{', '.join(symbolic)} (unbound: "
+                                             f"{bind_hint(symbolic)})")
     table.add_row("measured ops", str(info["measured_ops"]))
     table.add_row("backward ops", str(info["backward_ops"]))
     unknown = info["unknown_shape_ops"]
@@ -177,7 +185,7 @@ def cmd_convert(args: argparse.Namespace) -> None:
         raise TravorderError(f"convert writes travorder's gzipped JSON: give a file name "
                              f"ending in .json.gz, not {args.out!r}")
     _check_out(args.out, args.model)
-    g = _load(args.model, training=args.training)
+    g = _load(args.model, args.dims, training=args.training)
     save_graph(g, args.out)
     print(f"wrote {args.out}: {g.n_nodes} nodes, {g.n_edges} edges")
 
@@ -213,7 +221,7 @@ def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) ->
 def cmd_orders(args: argparse.Namespace) -> None:
     from travorder.placement.orders import ORDERS, TOPOLOGICAL_ORDERS, traversal_order
 
-    g = _load(args.model, training=args.training)
+    g = _load(args.model, args.dims, training=args.training)
     names = [args.order] if args.order else list(ORDERS)
     orders = {n: traversal_order(g, n, args.seed) for n in names}
     if args.json:
@@ -329,12 +337,12 @@ def cmd_place(args: argparse.Namespace) -> None:
     options = _placer_options(args.option)
     if args.coarsen is not None and args.coarsen < 1:
         raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
-    g = _load(args.model, training=not args.forward_only, batch=args.batch,
+    g = _load(args.model, args.dims, training=not args.forward_only, batch=args.batch,
               micro_batches=args.micro_batches)
     cluster = load_cluster(args.cluster)
     with _episode_progress(args.placer == "rl"):
         r, coarse_nodes = _place(args, g, cluster, options)
-    doc = placement_doc(r, g, cluster, batch=args.batch, micro_batches=args.micro_batches)
+    doc = placement_doc(r, g, cluster)
     if args.out:
         _write_json(args.out, doc)
     if args.json:
@@ -435,8 +443,15 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     batch = step.get("batch") if args.batch is None else args.batch
     micro_batches = step.get("micro_batches", 1) if args.micro_batches is None \
         else args.micro_batches
-    g = _load(args.model, training=not args.forward_only, batch=batch,
-              micro_batches=micro_batches)
+    try:
+        g = _load(args.model, step.get("dims") if args.dims is None else args.dims,
+                  training=not args.forward_only and step.get("training", True), batch=batch,
+                  micro_batches=micro_batches)
+    except DimsError as exc:
+        if args.dims is not None:
+            raise
+        raise DimsError(f"{exc}; the dimensions are those of placement file "
+                        f"{args.placement!r}: a placement of another model?") from None
     if not args.cluster and not isinstance(doc.get("cluster"), dict):
         raise TravorderError(f"placement file {args.placement!r} does not say its cluster: "
                              f"give --cluster")
@@ -780,20 +795,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("info", help="summarise a model graph (ONNX, .json.gz, dnn-partitioning)")
-    p.add_argument("model", help="model file")
+    _model_args(p)
     p.add_argument("--features", action="store_true", help="also print the feature vector")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_info)
 
     p = sub.add_parser("convert", help="convert a model graph to travorder's .json.gz format")
-    p.add_argument("model", help="model file")
+    _model_args(p)
     p.add_argument("out", help="output .json.gz")
     p.add_argument("--training", action="store_true",
                    help="expand a forward graph into a training-step graph first")
     p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("orders", help="print the traversal orders of a model graph")
-    p.add_argument("model", help="model file")
+    _model_args(p)
     p.add_argument("--order", help="print only this order, one node name per line")
     p.add_argument("--seed", type=int, default=0, help="seed for the random order")
     p.add_argument("--training", action="store_true",
@@ -820,7 +835,7 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        help="place a model graph on a cluster and simulate a training step")
     p.lazy_epilog = _place_epilog
-    p.add_argument("model", help="model file")
+    _model_args(p)
     p.add_argument("--placer", default="greedy",
                    help="placer, from the list below (default: greedy)")
     p.add_argument("--order", default="topo",
@@ -842,7 +857,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("simulate", parents=[graph_opts, simulate_opts],
                        help="simulate a training step of a model graph under a placement")
-    p.add_argument("model", help="model file")
+    _model_args(p)
     p.add_argument("placement", help="placement JSON written by `travorder place`")
     p.add_argument("--cluster", help="preset name or cluster file (default: the placement's)")
     p.add_argument("--trace", metavar="OUT.json",
@@ -1032,7 +1047,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
                    *(str(manifest.parent / f) for f in model_files(manifest)))
     if args.top < 1:
         raise TravorderError(f"--top takes a number of features >= 1, got {args.top}")
-    g = _load(args.model)
+    g = _load(args.model, args.dims)
     cluster = load_cluster(args.cluster)
     rec = recommend_order(g, cluster, predictor=args.predictor, explain=args.explain,
                           verify=args.verify, budget=args.budget, placer=args.placer,
@@ -1047,8 +1062,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         placed = (with_floor(rec.placement, graph, cluster) if rec.placement else
                   place_graph(graph, cluster, placer=args.placer, order=rec.order,
                               seed=args.seed, floor=True))
-        _write_json(args.place, placement_doc(placed, graph, cluster, batch=args.batch,
-                                              micro_batches=args.micro_batches))
+        _write_json(args.place, placement_doc(placed, graph, cluster))
     if args.json:
         doc = rec.to_dict()
         if placed is not None:
@@ -1122,6 +1136,31 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     print(f"model: {rec.model}")
 
 
+def _model_args(parser: argparse.ArgumentParser, help: str = "model file") -> None:
+    """The model file, and ``--dim`` to bind its symbolic ONNX input dimensions."""
+    parser.add_argument("model", help=help)
+    parser.add_argument("--dim", action=_DimAction, metavar="NAME=N", dest="dims",
+                        help="give the ONNX model's symbolic input dimension NAME the value "
+                             "N, repeatable (e.g. --dim batch=32)")
+
+
+class _DimAction(argparse.Action):
+    """Collects ``--dim NAME=N`` into a dict, refusing a malformed or repeated one."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        name, eq, value = str(values).partition("=")
+        name = name.strip()
+        if not (eq and name and value.strip().isdigit() and int(value) >= 1):
+            parser.error(f"argument --dim: expected NAME=N with N an integer >= 1, "
+                         f"got {values!r}")
+        dims = dict(getattr(namespace, self.dest) or {})
+        if name in dims:
+            parser.error(f"argument --dim: {name} given twice")
+        dims[name] = int(value)
+        setattr(namespace, self.dest, dims)
+
+
 def _step_options(parser: argparse.ArgumentParser, default_micro_batches: int | None = 1
                   ) -> None:
     """``--batch`` and ``--micro-batches``: the training step a placement is for."""
@@ -1143,14 +1182,15 @@ def recommend_parser() -> argparse.ArgumentParser:
                     "for MODEL on a cluster.",
     )
     _version_option(parser)
-    parser.add_argument("model", help="ONNX, travorder .json.gz or dnn-partitioning JSON")
+    _model_args(parser, "ONNX, travorder .json.gz or dnn-partitioning JSON")
     parser.add_argument("--cluster", default="k80x3",
                         help="cluster preset or .toml/.json file (default: k80x3)")
     _step_options(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--explain", action="store_true",
                         help="show the features that drove the recommendation")
-    parser.add_argument("--top", type=int, default=8, help="features shown by --explain")
+    parser.add_argument("--top", type=int, default=8,
+                        help="features shown by --explain (default: 8)")
     parser.add_argument("--place", metavar="OUT",
                         help="also place the model with the recommended order; write JSON "
                              "(with --budget or --verify: the checked placement)")
@@ -1166,8 +1206,9 @@ def recommend_parser() -> argparse.ArgumentParser:
                             "highest-ranked) and recommend the fastest (default 0: no "
                             "check)")
     parser.add_argument("--placer", default="greedy",
-                        help="placer for --place, --budget and --verify (default: greedy; "
-                             "rl for the RL placer)")
+                        help="the placer the order is for: its predictor recommends, and "
+                             "it places for --place, --budget and --verify (default: "
+                             "greedy; rl for the RL placer)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for --place, --budget and --verify")
     parser.add_argument("--predictor", metavar="DIR",

@@ -28,6 +28,10 @@ class FormatError(TravorderError):
     """A file that cannot be read: missing, empty, truncated, or of an unknown format."""
 
 
+class DimsError(TravorderError):
+    """Values for symbolic dimensions that a model does not have (``dims=``, ``--dim``)."""
+
+
 def read_text(path: str | os.PathLike[str], what: str) -> str:
     """The text of a user's file, or a `FormatError` naming ``what`` it should have been."""
     p = Path(path)

@@ -33,6 +33,16 @@ from travorder.graph.opgraph import OpGraph
 BATCH_INVARIANT_OP_TYPES = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Range"})
 
 
+def bind_hint(symbolic: list[str]) -> str:
+    """How to bind an ONNX model's symbolic input dimensions ``symbolic``, for messages.
+
+    >>> bind_hint(["batch", "seq"])
+    "bind them with --dim batch=N --dim seq=N (dims={'batch': N, 'seq': N} in Python)"
+    """
+    return (f"bind them with {' '.join(f'--dim {d}=N' for d in symbolic)} "
+            f"(dims={{{', '.join(f'{d!r}: N' for d in symbolic)}}} in Python)")
+
+
 def scale_batch(g: OpGraph, batch: int) -> OpGraph:
     """``g`` re-costed from its recorded ``batch_size`` to ``batch`` (module docstring)."""
     if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
@@ -47,8 +57,7 @@ def scale_batch(g: OpGraph, batch: int) -> OpGraph:
         raise GraphError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
                          f"to batch {batch}" + (
                              f" (its inputs have symbolic dimensions {', '.join(symbolic)}: "
-                             f"bind them with travorder.graph.onnx_import.read_onnx(path, "
-                             f"dims=...))" if symbolic else ""))
+                             f"{bind_hint(symbolic)})" if symbolic else ""))
     if isinstance(exported, bool) or not isinstance(exported, int | float) or not (
             0 < exported < float("inf")):
         raise GraphError(f"graph {g.name!r} records batch_size {exported!r}, not a positive "

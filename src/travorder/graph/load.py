@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
-from travorder.errors import FormatError, GraphError
+from travorder.errors import DimsError, FormatError, GraphError
 from travorder.graph.native import graph_from_dict, load_native, save_graph
 from travorder.graph.opgraph import OpGraph
 
@@ -45,15 +46,20 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
     return "onnx"
 
 
-def load_graph(source: GraphSource) -> OpGraph:
+def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) -> OpGraph:
     """Load an :class:`OpGraph` from a file (ONNX, travorder ``.json.gz``, dnn-partitioning
-    JSON) or return ``source`` itself if it already is one.
+    JSON) or return ``source`` itself if it already is one. ``dims`` gives values to an
+    ONNX model's symbolic input dimensions (`travorder.graph.onnx_import.read_onnx`).
 
     >>> load_graph("missing.onnx")
     Traceback (most recent call last):
     ...
     travorder.errors.FormatError: missing.onnx: no such file
     """
+    if dims and (isinstance(source, OpGraph) or sniff_format(source) != "onnx"):
+        where = "an OpGraph" if isinstance(source, OpGraph) else f"{source}"
+        raise DimsError(f"{where}: not an ONNX model, so it has no symbolic dimensions "
+                          f"to bind (its shapes were fixed when it was made)")
     if isinstance(source, OpGraph):
         return source
     fmt = sniff_format(source)
@@ -64,7 +70,7 @@ def load_graph(source: GraphSource) -> OpGraph:
             return _load_json(Path(source))
         from travorder.graph.onnx_import import read_onnx  # onnx is heavy: on demand
 
-        return read_onnx(source)
+        return read_onnx(source, dims=dims)
     except GraphError as exc:  # a cycle, a bad cost...: in which file
         raise GraphError(f"{source}: {exc}") from None
 

@@ -41,6 +41,7 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from functools import lru_cache
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
-from travorder.errors import FormatError, TravorderError, first_line
+from travorder.errors import DimsError, FormatError, first_line
 from travorder.graph.load import sniff_format
 from travorder.graph.onnx_flops import has_flops_rule, node_flops
 from travorder.graph.opgraph import OpGraph
@@ -74,7 +75,8 @@ def read_onnx(
     """Read an ONNX model (a path, serialized bytes or an ``onnx.ModelProto``).
 
     ``name`` sets ``meta["name"]`` (default: the file stem, else the ONNX graph's name).
-    ``dims`` gives values to symbolic input dimensions, e.g. ``{"batch": 8}``.
+    ``dims`` gives values to symbolic input dimensions, e.g. ``{"batch": 8}``
+    (recorded as ``meta["dims"]``).
 
     Raises :class:`FormatError` (one line) for a file that is missing, empty, not an
     ONNX model, without nodes, or with control-flow subgraphs, and
@@ -90,6 +92,9 @@ def read_onnx(
                 "control flow (If/Loop/Scan) cannot be costed statically, export the "
                 "model with it unrolled or removed"
             )
+    if dims is not None and not isinstance(dims, Mapping):
+        raise DimsError(f"dims must map symbolic dimension names to integers, e.g. "
+                             f"{{'batch': 8}}, not {dims!r}")
     inferred, symbolic = _infer_shapes(model, dict(dims or {}), where)
     graph = model.graph
     params = {t.name for t in graph.initializer}
@@ -101,6 +106,8 @@ def read_onnx(
             "opset": next((o.version for o in model.opset_import
                            if o.domain in ("", "ai.onnx")), None),
             "symbolic_dims": symbolic, **_input_meta(inferred.graph, params)}
+    if dims:
+        meta["dims"] = dict(dims)  # recorded, so that a placement file can rebuild the graph
     return _build(graph, _tensor_info(inferred.graph, graph), params, meta)
 
 
@@ -168,10 +175,14 @@ def _infer_shapes(
                 if inp.name not in params and inp.type.HasField("tensor_type")
                 for d in inp.type.tensor_type.shape.dim if d.dim_param}
     if unknown := sorted(set(dims) - declared):
-        raise TravorderError(
-            f"{where}: dims names {', '.join(unknown)}, not a symbolic input dimension "
+        raise DimsError(
+            f"{where}: no symbolic input dimension named {', '.join(unknown)} to bind "
             f"(the model has: {', '.join(sorted(declared)) or 'none'})"
         )
+    if bad := next(((k, v) for k, v in dims.items() if isinstance(v, bool) or not isinstance(
+            v, Integral) or v < 1), None):
+        raise DimsError(f"{where}: symbolic dimension {bad[0]} must be bound to an "
+                             f"integer >= 1, not {bad[1]!r}")
     for vi in (*g.input, *g.value_info, *g.output):  # exporters repeat the symbols inside
         for d in vi.type.tensor_type.shape.dim:
             if d.dim_param in dims:

@@ -34,6 +34,7 @@ changed consume its output (`follow_in_place`).
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -244,8 +245,21 @@ class _Profiler(fx.Interpreter):
 
     def profile(self, inputs: Sequence[Any], fake: bool) -> None:
         mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-        with _side_effect_free(self.module, inputs), mode, self.counter:
+        with _side_effect_free(self.module, inputs), _quiet_fake_tensors(), mode, self.counter:
             self.run(*inputs)
+
+
+@contextlib.contextmanager
+def _quiet_fake_tensors() -> Iterator[None]:
+    """Fake tensors log the traceback of an op that fails (a wrong input shape) before
+    raising; the caller turns the error into one line, so the log is noise."""
+    log = logging.getLogger("torch._subclasses.fake_tensor")
+    level = log.level
+    log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def capture(module: torch.nn.Module, example_inputs: Any, *, name: str | None = None

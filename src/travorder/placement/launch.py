@@ -49,7 +49,7 @@ from travorder.graph.opgraph import OpGraph
 from travorder.graph.prepare import placed_graph
 from travorder.graph.training import training_graph
 from travorder.placement.capture import OP_KINDS, as_inputs, capture, node_tensors
-from travorder.placement.placement_file import load_placement
+from travorder.placement.placement_file import describe_step, load_placement
 
 
 def to_device(value: Any, device: str) -> Any:
@@ -106,8 +106,8 @@ def check_device(device: str | torch.device) -> str:
 
 
 def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
-                    training: bool = True, batch: int | None = None,
-                    micro_batches: int = 1) -> np.ndarray:
+                    training: bool | None = None, batch: int | None = None,
+                    micro_batches: int | None = None) -> np.ndarray:
     """The device slot (index into the devices list) of every node of ``graph``.
 
     ``placement``: a `PlacementResult` or an array/sequence of device indices, for
@@ -115,33 +115,47 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
     `travorder.place` places given ``training``, ``batch`` and ``micro_batches``
     (`placed_graph`; the forward ops of micro-batch 0 are used, whose copies share their
     devices); a mapping node name ->
-    device index (names of other nodes are ignored); or a placement file (path). A
+    device index (names of other nodes are ignored); or a placement file (path), whose
+    recorded step fills in those of ``training``, ``batch`` and ``micro_batches`` not
+    given (else: a training step at the captured batch, one micro-batch). A
     placement file, or any object with a ``graph_hash`` attribute, must be for one of
     those graphs. A placement file or a `PlacementResult` knows its cluster:
     ``n_devices`` must be that cluster's device count (a placement that happens to use
     only the first devices is still a placement for all).
     """
+    expected = getattr(placement, "graph_hash", None)
+    peak = getattr(placement, "peak_memory", None)  # one entry per cluster device
+    cluster_devices = None if peak is None else len(peak)
+    recorded: dict[str, Any] = {}
+    if isinstance(placement, str | os.PathLike):
+        _, doc = load_placement(placement)
+        expected = str(doc["graph"].get("graph_hash"))
+        recorded = doc["graph"]
+        cluster_devices = len(doc["devices"])
+        placement = doc["placement"]
+    from_file = [f"{k}=" for k, v in (("training", training), ("batch", batch),
+                                      ("micro_batches", micro_batches)) if v is None]
+    training = recorded.get("training", True) if training is None else training
+    batch = recorded.get("batch") if batch is None else batch
+    micro_batches = recorded.get("micro_batches", 1) if micro_batches is None \
+        else micro_batches
     n = graph.n_nodes
     step_graph = training_graph(graph)
     plain = training and batch is None and micro_batches == 1
     step = step_graph if plain else placed_graph(graph, training, batch, micro_batches)
-    scaled = "" if plain else f" ({_scaled(training, batch, micro_batches)})"
-    expected = getattr(placement, "graph_hash", None)
-    peak = getattr(placement, "peak_memory", None)  # one entry per cluster device
-    cluster_devices = None if peak is None else len(peak)
-    if isinstance(placement, str | os.PathLike):
-        _, doc = load_placement(placement)
-        expected = str(doc["graph"].get("graph_hash"))
-        cluster_devices = len(doc["devices"])
-        placement = doc["placement"]
+    asked = {"training": training, "batch": batch, "micro_batches": micro_batches}
+    scaled = "" if plain else f" ({describe_step(asked)}" + (
+        f", {' and '.join(from_file)} as the placement file records" if recorded and from_file
+        else "") + ")"
     if expected is not None and expected not in (graph.graph_hash, step_graph.graph_hash,
                                                  step.graph_hash):
         raise TravorderError(
             f"placement is for graph {expected[:12]}, not {graph.graph_hash[:12]} "
             f"({graph.name!r}){scaled}: {_CHANGED}")
+    given = f"{n_devices} device{'s were' if n_devices != 1 else ' was'} given"
     if cluster_devices is not None and cluster_devices != n_devices:
         raise TravorderError(f"the placement is for a cluster of {cluster_devices} devices, "
-                             f"but {n_devices} were given")
+                             f"but {given}")
     placement = getattr(placement, "placement", placement)
     if isinstance(placement, Mapping):  # by name: of a pipeline's copies, if its file says so
         names = (step if expected == step.graph_hash else graph).names.tolist()
@@ -152,7 +166,8 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
         placement = [placement[x] for x in names]
     slots = np.asarray(placement)
     if slots.ndim != 1 or not (np.issubdtype(slots.dtype, np.integer) or slots.size == 0):
-        raise TravorderError("a placement must be a list of device indices, one per op")
+        raise TravorderError("a placement must give each op an integer device index (a "
+                             "list, one per op, or a mapping of op names)")
     if slots.size not in (n, step_graph.n_nodes, step.n_nodes):
         also = "" if plain else f", or the {step.n_nodes} of the graph placed{scaled}"
         raise TravorderError(f"placement has {slots.size} devices for the {n} ops of "
@@ -162,21 +177,14 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
     bad = np.flatnonzero((slots < 0) | (slots >= n_devices))
     if bad.size:
         i = int(bad[0])
-        given = f"{n_devices} device{'s were' if n_devices != 1 else ' was'}"
         raise TravorderError(f"placement puts op {str(graph.names[i])!r} on device "
-                             f"{slots[i]}, but {given} given")
+                             f"{slots[i]}, but {given}")
     return slots
 
 
 _CHANGED = ("the model or its input shapes changed since placing, or it was placed "
             "forward only, at another batch or over micro-batches (give the same "
             "training=, batch= and micro_batches=)")
-
-
-def _scaled(training: bool, batch: int | None, micro_batches: int) -> str:
-    return ", ".join([*(["forward only"] if not training else []),
-                      f"batch {batch}" if batch else "the captured batch",
-                      f"{micro_batches} micro-batch{'es' * (micro_batches != 1)}"])
 
 
 def _placed_graph(gm: fx.GraphModule, slots: Mapping[str, int], devices: Sequence[str],
@@ -236,15 +244,16 @@ def _move_(tensor: torch.Tensor, device: str) -> None:
 
 def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
           devices: Sequence[str | torch.device], *, output_device: str | None = None,
-          training: bool = True, batch: int | None = None, micro_batches: int = 1
-          ) -> fx.GraphModule:
+          training: bool | None = None, batch: int | None = None,
+          micro_batches: int | None = None) -> fx.GraphModule:
     """``module`` rewritten to run each op on its placed device (see the module docstring).
 
     ``example_inputs``: the forward call's positional arguments, used to capture the
     graph (the placement must be of that graph: same shapes). ``placement``: see
     :func:`placement_slots`, with ``training``, ``batch`` and ``micro_batches`` as given
-    to `travorder.place`. ``devices``: the torch device of each device index of the
-    placement (e.g. ``["cuda:0", "cuda:1"]``, or ``["cpu"] * 3`` to test on CPU).
+    to `travorder.place` (a placement file says them itself). ``devices``: the torch
+    device of each device index of the placement (e.g. ``["cuda:0", "cuda:1"]``, or
+    ``["cpu"] * 3`` to test on CPU).
 
     The returned ``torch.fx.GraphModule`` carries ``devices`` (canonical names per slot),
     ``op_devices`` (op name -> slot), ``tensor_devices`` (parameter/buffer name -> slot

@@ -3,7 +3,8 @@
 ::
 
     {"format": "travorder.placement", "format_version": 1,
-     "graph": {"name": ..., "graph_hash": ..., "n_nodes": ...},
+     "graph": {"name": ..., "graph_hash": ..., "n_nodes": ..., "training": true,
+               "batch": 32, "micro_batches": 1, "dims": {"batch": 32}},
      "cluster": {... Cluster.to_dict() ...},
      "devices": ["k80:0", "k80:1", "k80:2"],
      "placement": {"conv1": 0, "relu1": 0, ...},
@@ -16,6 +17,10 @@
 not fit where one device does) and the file holds the single-device placement instead;
 ``placer_step_time_us`` is then what the placer reached.
 
+``graph`` says which graph was placed: ``training`` (a training step, not the forward
+graph alone), ``batch`` (null: the model records none), ``micro_batches`` and ``dims``
+(the values given to the ONNX model's symbolic input dimensions) are what ``travorder
+simulate`` and `travorder.placement.launch.apply` build the graph with again.
 ``placement`` maps every node name to a device index into ``devices``, in the graph's
 node order. Unlimited memory and infinite bandwidth in the cluster are written as
 ``null`` so the file is strict JSON.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,26 +45,68 @@ from travorder.errors import (
     write_file,
 )
 from travorder.graph import OpGraph
-from travorder.placement.clusters import Cluster
+from travorder.graph.pipeline import micro_batches
+from travorder.placement.clusters import Cluster, load_cluster
 from travorder.placement.placers import PlacementResult
 
 FORMAT = "travorder.placement"
 FORMAT_VERSION = 1
 
 
-def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster, *,
-                  batch: int | None = None, micro_batches: int = 1) -> dict[str, Any]:
-    """The placement file's content as a dict; ``batch`` and ``micro_batches``: the
-    training step ``graph`` is of (`travorder.graph.prepare.placed_graph`), recorded so
-    that ``travorder simulate`` builds it again."""
+def placed_step(graph: OpGraph) -> dict[str, Any]:
+    """The training step ``graph`` is of, as a placement file records it: ``training``
+    (it has backward ops), ``batch`` (its batch size, if an integer), ``micro_batches``
+    and ``dims`` (its ONNX model's bound symbolic dimensions).
+
+    >>> from travorder.graph import training_graph
+    >>> g = training_graph(OpGraph.from_records([{"name": "a"}], [], batch_size=8))
+    >>> placed_step(g)
+    {'training': True, 'batch': 8, 'micro_batches': 1, 'dims': {}}
+    """
+    batch = graph.meta.get("batch_size")
+    return {"training": bool(graph.is_backward.any()),
+            "batch": batch if isinstance(batch, int) and not isinstance(batch, bool) else None,
+            "micro_batches": micro_batches(graph), "dims": dict(graph.meta.get("dims") or {})}
+
+
+def describe_step(step: Mapping[str, Any]) -> str:
+    """A placement file's ``graph`` entry (or `placed_step`'s) in words, for messages.
+
+    >>> describe_step({"training": False, "batch": 64, "micro_batches": 2, "dims": {}})
+    'forward only, batch 64, 2 micro-batches'
+    """
+    micro = step.get("micro_batches", 1)
+    return ", ".join([*(["forward only"] if not step.get("training", True) else []),
+                      f"batch {step['batch']}" if step.get("batch") else "its own batch",
+                      f"{micro} micro-batch{'es' * (micro != 1)}",
+                      *(f"dim {k}={v}" for k, v in (step.get("dims") or {}).items())])
+
+
+def placement_doc(result: PlacementResult, graph: OpGraph, cluster: str | Cluster
+                  ) -> dict[str, Any]:
+    """The placement file's content as a dict. ``graph`` is the graph placed
+    (`travorder.graph.prepare.placed_graph`, the one ``result.graph_hash`` names); the
+    file records the step it is of, read from its metadata (`placed_step`), so that
+    ``travorder simulate`` and `travorder.placement.launch.apply` build it again.
+    ``cluster``: a `Cluster`, a preset name or a cluster file."""
+    if result.graph_hash and result.graph_hash != graph.graph_hash:
+        raise TravorderError(f"the placement is of graph {result.graph_hash[:12]}, not "
+                             f"{graph.graph_hash[:12]} ({graph.name!r}, "
+                             f"{describe_step(placed_step(graph))}): save it with the graph "
+                             f"placed (travorder.api.placed_graph at the same training=, "
+                             f"batch= and micro_batches=)")
     if result.placement.shape != (graph.n_nodes,):
         raise TravorderError(f"the placement has {result.placement.size} entries, graph "
                              f"{graph.name!r} has {graph.n_nodes} nodes")
+    cluster = load_cluster(cluster)
+    if result.peak_memory.size != cluster.n_devices:
+        raise TravorderError(f"the placement is for {result.peak_memory.size} devices, "
+                             f"cluster {cluster.name!r} has {cluster.n_devices}")
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "graph": {"name": graph.name, "graph_hash": graph.graph_hash,
-                  "n_nodes": graph.n_nodes, "batch": batch, "micro_batches": micro_batches},
+                  "n_nodes": graph.n_nodes, **placed_step(graph)},
         "cluster": cluster.to_dict(),
         "devices": [d.name for d in cluster.devices],
         "placement": dict(zip(graph.names.tolist(), result.placement.tolist(), strict=True)),
@@ -79,12 +127,11 @@ def placement_doc(result: PlacementResult, graph: OpGraph, cluster: Cluster, *,
     }
 
 
-def save_placement(result: PlacementResult, graph: OpGraph, cluster: Cluster,
-                   path: str | os.PathLike[str], *, batch: int | None = None,
-                   micro_batches: int = 1) -> None:
-    """Write `result` (a placement of `graph` on `cluster`) as a placement file (see
-    `placement_doc` for ``batch`` and ``micro_batches``)."""
-    doc = placement_doc(result, graph, cluster, batch=batch, micro_batches=micro_batches)
+def save_placement(result: PlacementResult, graph: OpGraph, cluster: str | Cluster,
+                   path: str | os.PathLike[str]) -> None:
+    """Write `result` (a placement of `graph`, the graph placed, on `cluster`) as a
+    placement file."""
+    doc = placement_doc(result, graph, cluster)
     write_file(path, json_text(doc, indent=1) + "\n", "placement file")
 
 
@@ -99,7 +146,21 @@ def _read(path: Path) -> dict[str, Any]:
     for key, kind in (("graph", dict), ("devices", list), ("placement", dict)):
         if not isinstance(doc.get(key), kind):
             raise FormatError(f"placement file {str(path)!r} lacks a valid {key!r} entry")
+    step = doc["graph"]
+    for key, ok, what in (
+            ("training", lambda v: isinstance(v, bool), "true or false"),
+            ("batch", lambda v: v is None or _count(v), "null or an integer >= 1"),
+            ("micro_batches", _count, "an integer >= 1"),
+            ("dims", lambda v: isinstance(v, dict) and all(map(_count, v.values())),
+             "an object of symbolic dimension names to integers >= 1")):
+        if key in step and not ok(step[key]):
+            raise FormatError(f"placement file {str(path)!r}: graph.{key} must be {what}, "
+                              f"got {step[key]!r}")
     return doc
+
+
+def _count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
 def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
@@ -118,10 +179,12 @@ def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
     if graph is not None:
         want = doc["graph"].get("graph_hash")
         if want != graph.graph_hash:
-            raise TravorderError(f"placement is for graph {str(want)[:12]}, not "
-                                 f"{graph.graph_hash[:12]} ({graph.name!r}): another model, "
-                                 f"or its step at another batch or micro-batch count, or "
-                                 f"not its training step")
+            raise TravorderError(f"placement is for graph {str(want)[:12]} "
+                                 f"({describe_step(doc['graph'])}), not "
+                                 f"{graph.graph_hash[:12]} ({graph.name!r}, "
+                                 f"{describe_step(placed_step(graph))}): another model, "
+                                 f"or its step at another batch, micro-batch count or "
+                                 f"symbolic dimensions (--dim), or not its training step")
         missing = [x for x in graph.names.tolist() if x not in mapping]
         if missing:
             raise TravorderError(f"placement file {str(path)!r} does not place node "

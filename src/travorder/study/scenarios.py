@@ -110,6 +110,9 @@ class Scenario:
         m = self.micro_batches
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise TravorderError(f"scenario micro_batches must be an integer >= 1, got {m!r}")
+        if isinstance(b, int) and m > b:
+            raise TravorderError(f"scenario micro_batches {m} exceed its batch {b}: a "
+                                 f"micro-batch holds one sample at least")
         f = self.memory
         if f is not None and (isinstance(f, bool) or not isinstance(f, int | float)
                               or not 0 < f <= 1):
