@@ -123,6 +123,8 @@ def test_prepare_graph_expands_and_coarsens():
     ({"order_seeds": {"alpha": [1]}}, "order_seeds names 'alpha'"),
     ({"graphs": {}}, "graphs selects nothing"),
     ({"graphs": {"synthetic": [{"family": "hexagon"}]}}, "unknown synthetic family"),
+    ({"graphs": {"synthetic": [{"seeds": [1]}]}}, "a graphs.synthetic entry lacks its family"),
+    ({"scenarios": {"batch": ["train", "train"]}}, "scenarios.batch gives 'train' twice"),
     ({"graphs": {"synthetic": [{"family": "chain", "params": {"n_lay": 3}}]}},
      r"chain params: unknown setting 'n_lay' \(expected n_layers, kind, width"),
     ({"graphs": {"corpus": {"families": ["nope"], "size": 3}}}, "unknown setting 'size'"),
@@ -712,6 +714,26 @@ def test_report_writes_page_and_figures(tmp_path):
     assert "Where placement and the order matter" in page
 
 
+def test_report_replaces_an_earlier_report_and_refuses_datasets_without_its_columns(
+        tmp_path):
+    _hand_store(tmp_path / "h.sqlite")
+    out = tmp_path / "report"
+    out.mkdir()
+    for name in ("wins_old_scenario.png", "notes.txt", "photo.png"):  # the user's stay
+        (out / name).write_text("x")
+    write_report(tmp_path / "h.sqlite", out)
+    assert sorted(p.name for p in out.iterdir()) == [
+        "index.html", "notes.txt", "photo.png", "ratio_greedy_batch_export_none.png",
+        "wins_greedy_batch_export_none.png"]
+    data = dataset_frame(tmp_path / "h.sqlite")
+    for dropped in (["single_device_us", "single_device_feasible"], ["scenario_def"]):
+        data.drop(columns=dropped).to_csv(tmp_path / "old.csv", index=False)
+        with pytest.raises(TravorderError, match=rf"old\.csv: no column {dropped[-1]}, which "
+                                                 r"the report reads .*export it again"):
+            write_report(tmp_path / "old.csv", tmp_path / "r2")
+        assert not (tmp_path / "r2").exists()
+
+
 def test_report_of_several_sources_keeps_coarsening_levels_apart(tmp_path):
     _hand_store(tmp_path / "h.sqlite")
     export_dataset(tmp_path / "h.sqlite", tmp_path / "h.parquet")
@@ -769,11 +791,13 @@ def test_report_draws_rl_learning_curves(tmp_path):
         st.add_graph(g, "batch=export", g, True, 0, {"x": 1.0}, 1)
         st.add_study("rl", {}, "r", [], [c])
         for order in ("topo", "bfs"):
-            st.record(make_job(g, c, order, "rl", {"episodes": 3}, 0), {
-                "status": "done", "step_time_us": 10.0, "feasible": True,
-                "learning_curve": list(np.linspace(20, 10, 3))})
+            for episodes in (3, 12):  # two configurations: two figures, never averaged
+                st.record(make_job(g, c, order, "rl", {"episodes": episodes}, 0), {
+                    "status": "done", "step_time_us": 10.0, "feasible": True,
+                    "learning_curve": list(np.linspace(20, 10, episodes))})
     files = write_report(store, tmp_path / "r")
-    assert "curves_k80x3.png" in {p.name for p in files}
+    curves = sorted(p.name for p in files if p.name.startswith("curves_"))
+    assert len(curves) == 2 and all(n.startswith("curves_k80x3_batch_export_") for n in curves)
     page = (tmp_path / "r" / "index.html").read_text()
     assert "is a greedy evaluation" in page and "saw-tooth" in page
 

@@ -52,7 +52,7 @@ def test_train_with_order_statistics_and_the_graph_network(small_dataset, tmp_pa
                           progress=lines.append)
     # The structure blocks come before any fold, and each network fit says so.
     k = pd.read_parquet(small_dataset)["family"].nunique()
-    expected = ["the orders of ", "order statistics of ", "order splits of ",
+    expected = ["note: the rows mix 2 placer configurations: ", "the orders of ", "order statistics of ", "order splits of ",
                 *(f"graph network: fold {i}/{k} (training on " for i in range(1, k + 1)),
                 "graph network: all "]
     assert all(line.startswith(e) for line, e in zip(lines, expected, strict=False))
@@ -140,6 +140,29 @@ def test_orders_left_out_of_a_mix_of_studies_are_said(small_dataset, tmp_path):
     assert "note: 1 order left out, which not every row has: alpha; learning the 5 every " \
         "row has" in lines
     assert "alpha" not in ev.table.columns.tolist() + ev.table.index.tolist()
+
+
+def test_evaluation_notes_folds_and_configurations_and_checks_the_corpus(small_dataset,
+                                                                         tmp_path):
+    frame = pd.read_parquet(small_dataset)
+    families = sorted(frame["family"].unique())
+    mixed = frame.assign(placer_options=np.where(frame["family"] == families[0],
+                                                 '{"episodes": 6}', '{"preset": "paper"}'))
+    path = tmp_path / "mixed.parquet"
+    mixed.to_parquet(path)
+    lines: list[str] = []
+    evaluate_sources([path], kinds=("regressor",), folds=10, progress=lines.append,
+                     params={"n_estimators": 5, "min_child_samples": 2})
+    n = int((frame["family"] == families[0]).sum())
+    assert "note: 10 folds, but 4 families: one family per fold" in lines
+    assert (f"note: the rows mix 2 placer configurations: {{\"preset\": \"paper\"}} "
+            f"({len(frame) - n} rows); {{\"episodes\": 6}} ({n} rows)") in lines
+    for run in (lambda: evaluate_sources([path], corpus_dir=str(tmp_path / "nodir")),
+                lambda: train_predictor([path], tmp_path / "model",
+                                        corpus_dir=str(tmp_path / "nodir"))):
+        with pytest.raises(TravorderError, match=r"corpus '.*nodir': no such folder"):
+            run()
+    assert not (tmp_path / "model").exists()
 
 
 def test_train_refuses_two_study_settings_before_evaluating(small_dataset, tmp_path,

@@ -207,7 +207,7 @@ def _console() -> Any:
 def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
     from rich.table import Table
 
-    table = Table(title=title)
+    table = Table(title=title, min_width=len(title))  # a title is never wrapped
     # The first column names the rows: never cut it, let the others wrap instead.
     table.add_column(columns[0], no_wrap=True,
                      min_width=max((len(str(r[0])) for r in rows), default=0))
@@ -348,7 +348,9 @@ def cmd_place(args: argparse.Namespace) -> None:
     if args.json:
         _print_json({k: v for k, v in doc.items() if k not in ("placement", "cluster")})
     else:
-        how = f", coarsened to {coarse_nodes} nodes" if coarse_nodes else ""
+        how = "" if coarse_nodes is None else (
+            f", coarsened to {coarse_nodes} nodes" if coarse_nodes < g.n_nodes else
+            f", not coarsened ({g.n_nodes} nodes, at most {args.coarsen})")
         _print_sim(f"{args.placer} placement of {g.name} on {cluster.name}, order "
                    f"{args.order}{how}",
                    r.step_time_us, r.lower_bound_us, r.efficiency, r.feasible, r.peak_memory,
@@ -1109,14 +1111,15 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         if rec.confidence == "low" and len(rec.tied) < len(rec.expected_regret):
             print("  to be sure: --budget 2 checks the orders by placement and keeps the "
                   "fastest")
-    how = "measured regret" if checked and rec.runner_up in rec.verified \
-        else "expected regret" + (", not checked" if checked else "")
+    how = "measured regret {}" if checked and rec.runner_up in rec.verified \
+        else "expected regret {}" + (", not checked" if checked else "")
     if rec.runner_up in rec.tied:
         print(f"runner-up:         none: all {len(rec.tied)} orders are tied")
     elif rec.runner_up_regret == math.inf:
         print(f"runner-up:         {rec.runner_up}  (its placement does not fit in memory)")
     else:
-        print(f"runner-up:         {rec.runner_up}  ({how} {100 * rec.runner_up_regret:.1f}%)")
+        regret = f"{100 * rec.runner_up_regret:.1f}%"
+        print(f"runner-up:         {rec.runner_up}  ({how.format(regret)})")
     for line in rec.warnings[:3]:
         print(f"warning: {line}")
     if len(rec.warnings) > 3:

@@ -80,14 +80,29 @@ def _placer_rows(frame: pd.DataFrame, placer: str | None, what: str = "data"
     return frame[frame["placer"] == placer].reset_index(drop=True)
 
 
-def _design_matrix(frame: pd.DataFrame, progress: Callable[[str], None] | None
-                   ) -> TrainingData:
+def _check_corpus(corpus_dir: str | os.PathLike[str] | None) -> None:
+    if corpus_dir is not None and not Path(corpus_dir).is_dir():
+        raise TravorderError(f"corpus {str(corpus_dir)!r}: no such folder (`travorder zoo "
+                             f"build` makes one)")
+
+
+def _design_matrix(frame: pd.DataFrame, progress: Callable[[str], None] | None,
+                   folds: int | None = None) -> TrainingData:
     """`design_matrix` of a dataset to learn from, held out by family: at least two
     families; ``progress`` hears of the orders left out because some rows lack them (a
-    mix of studies that ran other orders)."""
+    mix of studies that ran other orders), of rows of several placer configurations, and
+    of more ``folds`` asked for than there are families (given: the user's, not a
+    default)."""
     data = design_matrix(frame)
-    if len(np.unique(data.family)) < 2:
+    families = len(np.unique(data.family))
+    if families < 2:
         raise TravorderError("leave-family-out evaluation needs at least two families")
+    if progress and folds is not None and folds > families:
+        progress(f"note: {folds} folds, but {families} families: one family per fold")
+    if progress and "placer_options" in frame.columns and (
+            configs := frame["placer_options"].value_counts()).size > 1:
+        progress(f"note: the rows mix {configs.size} placer configurations: " + "; ".join(
+            f"{options} ({n} rows)" for options, n in configs.items()))
     left_out = [o for o in dataset_orders(frame) if o not in data.orders]
     if left_out and progress:
         n = len(left_out)
@@ -112,8 +127,9 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
     placements."""
     if folds is not None and folds < 2:
         raise TravorderError(f"--folds must be at least 2, got {folds}")
+    _check_corpus(corpus_dir)
     frame = _placer_rows(read_sources(sources), placer)
-    data = _design_matrix(frame, progress)
+    data = _design_matrix(frame, progress, folds)
     test = None
     if test_sources:
         if "gnn" in structure:
@@ -277,6 +293,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     """
     if Path(out).exists() and not Path(out).is_dir():
         raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
+    _check_corpus(corpus_dir)
     frame = _placer_rows(read_sources(sources), placer)
     placer = str(frame["placer"].iloc[0])
     # one study setting, checked before the long evaluation

@@ -15,9 +15,11 @@ For each placer, scenario and coarsening level in the store (clusters pooled):
   rank (1 = fastest; tied means share the average rank), as heatmaps;
 - ``ratio_<placer>_<scenario>_<level>.png``: per order, the ratio of its step time to the
   best order's on each graph (box plot over graphs, points for the graphs);
-- ``curves_<cluster>.png`` (when the store has ``rl`` runs): the mean RL learning curve
-  per order, each run's step time per episode divided by its first episode's; the page
-  says that every 5th episode is greedy (the saw-tooth);
+- ``curves_<cluster>_<scenario>_<config>.png`` (when the store has ``rl`` runs): per
+  cluster, scenario and placer configuration (``config`` starts its ``config_hash``; the
+  title gives its options), the mean RL learning curve per order, each run's step time
+  per episode divided by its first episode's; the greedy evaluation episodes make the
+  saw-tooth;
 - ``timeline_<placer>_<family>.png``: per family, the simulated step of the best and of
   the worst order (the seed nearest each order's mean) on one row, the family's row
   where they differ most, on a graph of at most `TIMELINE_NODES` nodes where there is one,
@@ -50,6 +52,7 @@ import os
 import re
 import shutil
 import tempfile
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -231,9 +234,9 @@ def _slug(text: str) -> str:
 _REPEAT_AXIS_ROWS = 12
 
 #: What the RL learning-curve figures say about their saw-tooth.
-CURVES_NOTE = ("Every 5th episode (the RL placer's default eval_every) is a greedy "
-               "evaluation that takes the most likely device at each step: the saw-tooth "
-               "of the curves.")
+CURVES_NOTE = ("One figure per cluster, scenario and placer configuration. Every "
+               "eval_every-th episode (5 by default) is a greedy evaluation that takes the "
+               "most likely device at each step: the saw-tooth of the curves.")
 
 
 def _plain_log_ticks(axis: Any) -> None:
@@ -296,8 +299,13 @@ def _heatmaps(data: Any, path: Path, title: str) -> None:
                     ha="center", va="center", fontsize=7, color="w" if light else "k")
         ax.set_title(label)
         fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(title)
+    fig.suptitle(_wrapped(title, fig))
     _save(fig, path, dpi=90)
+
+
+def _wrapped(title: str, fig: Any) -> str:
+    """``title`` in lines that fit ``fig``'s width (a long scenario name is not cut)."""
+    return textwrap.fill(title, max(30, int(fig.get_figwidth() * 9)))
 
 
 def _ratio_plot(data: Any, path: Path, title: str) -> None:
@@ -315,7 +323,7 @@ def _ratio_plot(data: Any, path: Path, title: str) -> None:
     ax.set_yscale("log")
     _plain_log_ticks(ax.yaxis)
     ax.set_ylabel("step time / best order's")
-    ax.set_title(title)
+    ax.set_title(_wrapped(title, fig))
     fig.tight_layout()
     _save(fig, path)
 
@@ -343,26 +351,37 @@ def _curves(stores: list[Path], out: Path, study: str | None) -> list[Path]:
 
     if not stores:  # datasets hold no learning curves
         return []
-    runs, _ = _query(stores, study, "cluster, order_name, learning_curve",
-                     "placer = 'rl' AND learning_curve IS NOT NULL")
+    runs, _ = _query(stores, study, "cluster, scenario, config_hash, placer_options, "
+                     "order_name, learning_curve", "placer = 'rl' AND learning_curve IS NOT NULL")
     paths = []
-    for cluster, part in runs.groupby("cluster"):
+    # one figure per configuration: runs of other options or scenarios are not averaged
+    for (cluster, scenario, config), part in runs.groupby(["cluster", "scenario",
+                                                             "config_hash"]):
+        options = json.loads(part["placer_options"].iloc[0])
+        every = options.get("eval_every")
         fig, ax = plt.subplots(figsize=(6, 4))
         for order, group in part.groupby("order_name"):
             curves = [np.asarray(json.loads(c), dtype=float) for c in group["learning_curve"]]
-            n = min(c.size for c in curves)
+            n = min(c.size for c in curves)  # a configuration's runs: the same episodes
             rel = np.array([c[:n] / c[0] for c in curves])
             ax.plot(np.arange(1, n + 1), rel.mean(axis=0), label=f"{order} ({len(curves)})")
         ax.set_xlabel("episode")
         ax.set_ylabel("step time / first episode's (mean over runs)")
-        ax.set_title(f"RL learning curves, {cluster}\n(every 5th episode greedy: the "
-                     "saw-tooth)", fontsize=10)
+        ax.set_title(f"RL learning curves, {cluster}, {scenario}\n"
+                     f"{_options_text(options)} (" + (
+                         f"every {every}th episode greedy" if every else
+                         "the greedy episodes") + ": the saw-tooth)", fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        path = out / f"curves_{_slug(cluster)}.png"
+        path = out / f"curves_{_slug(cluster)}_{_slug(scenario)}_{config[:6]}.png"
         _save(fig, path)
         paths.append(path)
     return paths
+
+
+def _options_text(options: dict[str, Any]) -> str:
+    """Placer options for a figure title: ``preset=paper, episodes=200``."""
+    return ", ".join(f"{k}={v}" for k, v in options.items()) or "default options"
 
 
 def _timelines(stores: list[Path], data: Any, out: Path, study: str | None
@@ -464,6 +483,10 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     sources = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     out = Path(out_dir)
     data = read_sources(sources, study)  # bad input: nothing written
+    if missing := [c for c in REPORT_COLUMNS if c not in data.columns]:
+        raise TravorderError(f"{', '.join(map(str, sources))}: no column "
+                             f"{', '.join(missing)}, which the report reads (a dataset of an "
+                             f"older travorder, or edited?): export it again from its store")
     if out.exists() and not out.is_dir():
         raise TravorderError(f"{str(out)!r} is a file, not a folder")
     target = Path(os.path.realpath(out))
@@ -476,7 +499,12 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
                              f"{exc.strerror or exc}") from None
     try:
         files = _write_report(sources, data, work, study, evaluations)
-        if target.is_dir():
+        if target.is_dir():  # one report per folder: the last one's figures go
+            names = {f.name for f in files}
+            for old in target.iterdir():
+                if (old.name not in names and old.is_file() and old.suffix == ".png"
+                        and old.name.startswith(_FIGURE_PREFIXES)):
+                    old.unlink()
             for f in files:
                 os.replace(f, target / f.name)
         else:
@@ -485,6 +513,15 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
         return [out / f.name for f in files]
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+#: The report's figure files start so (`write_report` replaces those of an earlier report).
+_FIGURE_PREFIXES = ("wins_", "ratio_", "curves_", "timeline_")
+
+#: The dataset columns the report reads, beside each order's.
+REPORT_COLUMNS = ("graph", "family", "cluster", "placer", "scenario", "scenario_def",
+                  "coarsen_max_nodes", "single_device_feasible", "speedup", "gap_worst",
+                  "gap_second", "second_tied")
 
 
 def _umask() -> int:

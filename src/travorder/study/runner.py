@@ -9,7 +9,7 @@ leaves no store and no pending run behind. The backends:
 
 - ``backend="loky"``: joblib's loky process pool with ``jobs`` workers
   (``Parallel(return_as="generator_unordered")``); with ``jobs=1`` the jobs run in this
-  process. Workers exit within a second when the runner dies, even by SIGKILL (they
+  process. Workers exit within a second or two when the runner dies, even by SIGKILL (they
   watch their parent process), and loky's resource tracker follows them.
 - ``backend="ray"``: one Ray task per job (1 CPU each) on the cluster at ``address``
   (``"auto"``: the one this machine belongs to), or on a local Ray with ``jobs`` CPUs
@@ -169,6 +169,15 @@ def _loky(n_workers: int, return_as: str) -> Iterator[Any]:
         yield Parallel(n_jobs=n_workers, return_as=return_as)
 
 
+def _shutdown_loky() -> None:
+    """End the loky workers now, while the command still turns Ctrl-C and SIGTERM into a
+    clean stop, rather than when the interpreter exits (a second or two later)."""
+    from joblib.externals.loky import reusable_executor
+
+    if (pool := reusable_executor._executor) is not None:
+        pool.shutdown(wait=True)
+
+
 def _run_loky(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: int
               ) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
     from joblib import delayed
@@ -315,6 +324,8 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
     all_jobs = spec_jobs(spec, graphs)
     _preflight(spec)  # before the store is touched: a bad spec leaves nothing behind
     with contextlib.ExitStack() as cleanup:
+        if backend == "loky":
+            cleanup.callback(_shutdown_loky)
         # No Ray: no store either; and no Ray started when every job is done already.
         if backend == "ray" and not _all_done(store_path, all_jobs) and _start_ray(
                 jobs, address):

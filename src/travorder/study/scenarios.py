@@ -340,6 +340,8 @@ def parse_scenarios(value: Any, where: str) -> tuple[Scenario, ...]:
         for k, v in axes.items():
             if not v:
                 raise TravorderError(f"{where}: scenarios.{k} is an empty list")
+            if again := [x for i, x in enumerate(v) if x in v[:i]]:
+                raise TravorderError(f"{where}: scenarios.{k} gives {again[0]!r} twice")
         out = [Scenario()]
         for key, values in axes.items():
             out = [Scenario.from_dict({**_fields(s), key: v}, f"{where}: scenarios")

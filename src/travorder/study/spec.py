@@ -335,6 +335,9 @@ def _synthetic(value: Any, where: str) -> tuple[SyntheticSelection, ...]:
         item = _table(item, f"{where}: a graphs.synthetic entry")
         _unknown(item, ("family", "seeds", "params"), f"{where}: graphs.synthetic entry")
         family = item.get("family")
+        if family is None:
+            raise TravorderError(f"{where}: a graphs.synthetic entry lacks its family (one "
+                                 f"of {', '.join(SYNTHETIC_FAMILIES)})")
         if family not in SYNTHETIC_FAMILIES:
             raise TravorderError(f"{where}: unknown synthetic family {family!r} (valid: "
                                  f"{', '.join(SYNTHETIC_FAMILIES)})")
