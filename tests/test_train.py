@@ -52,7 +52,8 @@ def test_train_with_order_statistics_and_the_graph_network(small_dataset, tmp_pa
                           progress=lines.append)
     # The structure blocks come before any fold, and each network fit says so.
     k = pd.read_parquet(small_dataset)["family"].nunique()
-    expected = ["note: the rows mix 2 placer configurations: ", "the orders of ", "order statistics of ", "order splits of ",
+    expected = ["note: the rows mix 2 placer configurations: ", "the orders of ",
+                "order statistics of ", "order splits of ",
                 *(f"graph network: fold {i}/{k} (training on " for i in range(1, k + 1)),
                 "graph network: all "]
     assert all(line.startswith(e) for line, e in zip(lines, expected, strict=False))
