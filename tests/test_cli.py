@@ -20,6 +20,8 @@ from travorder.graph import OpGraph, load_graph, save_graph
 from travorder.graph.native import graph_to_dict
 from travorder.predictor.active import bundled_model_dir
 
+from .models import save_dynamic_model
+
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory) -> str:
@@ -112,15 +114,7 @@ def test_placements_of_a_batch_and_micro_batches_simulate_again(capsys, model, t
 @pytest.fixture(scope="module")
 def dynamic_model(tmp_path_factory) -> str:
     """A two-op ONNX model whose batch dimension is symbolic."""
-    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-         helper.make_node("Relu", ["h"], ["y"], name="relu")], "dynamic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    path = tmp_path_factory.mktemp("dyn") / "dynamic.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return str(path)
+    return save_dynamic_model(tmp_path_factory.mktemp("dyn") / "dynamic.onnx")
 
 
 def test_dim_binds_symbolic_dimensions_and_placement_files_keep_them(

@@ -27,6 +27,8 @@ from travorder.predictor.dataset import design_matrix
 from travorder.predictor.evaluate import evaluate
 from travorder.predictor.model import KINDS, MANIFEST, TREES_FILE, OrderPredictor
 
+from .models import save_dynamic_model
+
 ORDERS = ["topo", "bfs", "dfs_preorder"]
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -879,17 +881,8 @@ def test_checks_over_memory_and_of_zero_time(model_dir, onnx_model, monkeypatch,
 
 
 def test_ops_of_unknown_shape_are_a_warning(model_dir, tmp_path):
-    from onnx import TensorProto, helper
-
-    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], [0.0] * 64 * 64)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
-         helper.make_node("Relu", ["h"], ["y"], name="relu")], "dynamic",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
-    path = tmp_path / "dynamic.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    rec = recommend_order(str(path), "k80x3", predictor=model_dir)
+    path = save_dynamic_model(tmp_path / "dynamic.onnx")
+    rec = recommend_order(path, "k80x3", predictor=model_dir)
     assert rec.warnings[0] == ("2 of 2 ops have inputs of unknown shape and are costed as "
                                "no work (symbolic dimensions: batch; bind them with "
                                "--dim batch=N (dims={'batch': N} in Python))")
