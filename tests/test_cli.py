@@ -458,7 +458,8 @@ def test_negative_seed_gets_one_line(capsys, model):
     (["--batch", "0"], "error: batch must be an integer >= 1, got 0"),
     (["--micro-batches", "0"], "error: micro-batches must be an integer >= 1, got 0"),
     (["--verify", "2", "--budget", "1"], "not allowed with"),
-    (["--explain", "--top", "0"], "--top")])
+    (["--explain", "--top", "0"], "--top"),
+    (["--top", "3"], "error: --top sets how many features --explain shows: give --explain")])
 def test_bad_recommend_arguments_get_one_line(capsys, model, argv, says):
     try:
         code, out, err = _recommend(capsys, model, *argv)

@@ -362,6 +362,9 @@ def test_time_step_trains_and_times():
     assert torch.equal(placed.get_submodule("2").weight, ref[2].weight)
     with pytest.raises(TravorderError, match="steps must be at least 1"):
         time_step(placed, x, lambda out: out.sum(), steps=0)
+    with pytest.raises(TravorderError, match=r"loss_fn must return a one-element tensor to "
+                                             r"call backward on, got a tensor of shape \("):
+        time_step(placed, x, lambda out: out, steps=1, warmup=0)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

@@ -1047,7 +1047,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         manifest = active_model_dir(args.predictor, args.placer)[0] / MANIFEST
         _check_out(args.place, args.model, _cluster_file(args.cluster), str(manifest),
                    *(str(manifest.parent / f) for f in model_files(manifest)))
-    if args.top < 1:
+    if args.top is not None and not args.explain:
+        raise TravorderError("--top sets how many features --explain shows: give --explain")
+    if args.top is not None and args.top < 1:
         raise TravorderError(f"--top takes a number of features >= 1, got {args.top}")
     g = _load(args.model, args.dims)
     cluster = load_cluster(args.cluster)
@@ -1128,7 +1130,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         print(f"features that drove it: none: the model does not know {rec.order}")
     elif rec.contributions is not None:
         print("features that drove it (contribution to the score):")
-        for name, value in list(rec.contributions.items())[:args.top]:
+        for name, value in list(rec.contributions.items())[:args.top or _TOP]:
             print(f"  {name:<36} {value:+.3f}")
     if placed is not None:
         print(f"placed with {args.placer}: step time {placed.step_time_us / 1e3:.3f} ms, "
@@ -1178,6 +1180,10 @@ def _step_options(parser: argparse.ArgumentParser, default_micro_batches: int | 
                              + ("the placement file's" if recorded else "1") + ")")
 
 
+#: Features ``recommend-order --explain`` shows by default.
+_TOP = 8
+
+
 def recommend_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="recommend-order",
@@ -1192,8 +1198,8 @@ def recommend_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--explain", action="store_true",
                         help="show the features that drove the recommendation")
-    parser.add_argument("--top", type=int, default=8,
-                        help="features shown by --explain (default: 8)")
+    parser.add_argument("--top", type=int,
+                        help=f"features shown by --explain (default: {_TOP})")
     parser.add_argument("--place", metavar="OUT",
                         help="also place the model with the recommended order; write JSON "
                              "(with --budget or --verify: the checked placement)")

@@ -324,6 +324,12 @@ def _cuda_devices(module: torch.nn.Module) -> list[torch.device]:
     return sorted((d for d in found if d.type == "cuda"), key=lambda d: d.index or 0)
 
 
+def _what(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
+
+
 def time_step(module: torch.nn.Module, example_inputs: Any,
               loss_fn: Callable[[Any], torch.Tensor], steps: int = 10, *, warmup: int = 2,
               optimizer: torch.optim.Optimizer | None = None) -> StepTimes:
@@ -332,8 +338,8 @@ def time_step(module: torch.nn.Module, example_inputs: Any,
     A step: zero the gradients, ``loss_fn(module(*example_inputs)).backward()``, then
     ``optimizer.step()`` (default: SGD, lr 1e-3, over ``module.parameters()``). Every CUDA
     device the module uses is synchronised before each step's clock starts and stops.
-    ``loss_fn`` gets the module's output, wherever it is (e.g. ``lambda out:
-    F.cross_entropy(out, y.to(out.device))``).
+    ``loss_fn`` gets the module's output, wherever it is, and returns a scalar tensor (e.g.
+    ``lambda out: F.cross_entropy(out, y.to(out.device))``).
     """
     if steps < 1:
         raise TravorderError(f"steps must be at least 1, not {steps}")
@@ -349,7 +355,11 @@ def time_step(module: torch.nn.Module, example_inputs: Any,
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        loss_fn(module(*inputs)).backward()
+        loss = loss_fn(module(*inputs))
+        if not (isinstance(loss, torch.Tensor) and loss.numel() == 1):
+            raise TravorderError(f"loss_fn must return a one-element tensor to call "
+                                 f"backward on, got {_what(loss)}")
+        loss.backward()
         opt.step()
 
     for _ in range(warmup):
