@@ -92,6 +92,18 @@ def test_place_then_simulate_agree(capsys, model, tmp_path):
     assert json.loads(out)["step_time_us"] == pytest.approx(placed["step_time_us"])
 
 
+def test_placements_of_a_converted_training_step_simulate_again(capsys, model, tmp_path):
+    step, placement = str(tmp_path / "t.json.gz"), str(tmp_path / "p.json")
+    assert run(capsys, "convert", model, step, "--training")[0] == 0
+    for how in ([], ["--forward-only"]):  # the file records the step's batch, and its kind
+        code, out, _ = run(capsys, "place", step, *how, "-o", placement, "--json")
+        assert code == 0 and json.loads(out)["graph"]["batch"] == 1
+        code, sim, err = run(capsys, "simulate", step, placement, "--json")
+        assert code == 0, err
+        assert json.loads(sim)["step_time_us"] == pytest.approx(
+            json.loads(out)["step_time_us"])
+
+
 def test_placements_of_a_batch_and_micro_batches_simulate_again(capsys, model, tmp_path):
     from travorder.cli import recommend_main
 
@@ -125,10 +137,12 @@ def test_dim_binds_symbolic_dimensions_and_placement_files_keep_them(
     assert code == 0 and json.loads(out)["unknown_shape_ops"] == ["mm", "relu"]
     assert json.loads(out)["symbolic_dims"] == ["batch"]
     code, out, _ = run(capsys, "info", dynamic_model)
-    assert "bind them with --dim batch=N" in out and "batch exported at" in out
+    assert "bind them with --dim batch=N" in out and "unknown" in out
     code, out, _ = run(capsys, "info", dynamic_model, "--dim", "batch=8", "--json")
     assert code == 0 and json.loads(out)["unknown_shape_ops"] == []
     assert json.loads(out)["symbolic_dims"] == [] and json.loads(out)["batch_size"] == 8
+    assert json.loads(out)["dims"] == {"batch": 8}
+    assert "batch=8" in run(capsys, "info", dynamic_model, "--dim", "batch=8")[1]
     assert json.loads(out)["flops"] == 2 * 8 * 64 * 64 + 8 * 64
     assert recommend_main([dynamic_model, "--json"]) == 0
     assert "unknown shape" in json.loads(capsys.readouterr().out)["warnings"][0]
@@ -142,22 +156,24 @@ def test_dim_binds_symbolic_dimensions_and_placement_files_keep_them(
     code, sim, _ = run(capsys, "simulate", dynamic_model, placement, "--json")  # the file's
     assert code == 0
     assert json.loads(sim)["step_time_us"] == pytest.approx(json.loads(out)["step_time_us"])
-    # bound at 4, the model is scaled to the batch of 8 the file records: the same step
-    code, again, _ = run(capsys, "simulate", dynamic_model, placement, "--dim", "batch=4",
-                         "--json")
-    assert json.loads(again)["step_time_us"] == pytest.approx(json.loads(sim)["step_time_us"])
-    _one_line_error(capsys, ["simulate", dynamic_model, placement, "--batch", "16"],
-                    "(batch 8, 1 micro-batch, dim batch=8), not ")
+    for other in (["--dim", "batch=16"], ["--batch", "16"]):  # another step: refused
+        _one_line_error(capsys, ["simulate", dynamic_model, placement, *other],
+                        "(batch 8, 1 micro-batch, dim batch=8), not ")
     _one_line_error(capsys, ["simulate", model, placement],  # the file's --dim: not this model
                     "no symbolic input dimension named batch to bind (the model has: none); "
                     f"the dimensions are those of placement file {placement!r}: a placement "
                     "of another model?")
     _one_line_error(capsys, ["info", dynamic_model, "--dim", "seq=2"],
                     "no symbolic input dimension named seq to bind (the model has: batch)")
-    native = str(tmp_path / "g.json.gz")
+    native = str(tmp_path / "g.json.gz")  # bound for good when converted
     assert run(capsys, "convert", dynamic_model, native, "--dim", "batch=2")[0] == 0
-    _one_line_error(capsys, ["place", native, "--dim", "batch=2"],
-                    "not an ONNX model, so it has no symbolic dimensions to bind")
+    _one_line_error(capsys, ["place", native, "--dim", "batch=4"],
+                    "not an ONNX model, so it has no symbolic dimensions to bind (its shapes "
+                    "were fixed when it was made, with batch=2)")
+    code, out, _ = run(capsys, "place", native, "--dim", "batch=2", "-o", placement, "--json")
+    assert code == 0 and json.loads(out)["graph"]["dims"] == {"batch": 2}
+    code, sim, _ = run(capsys, "simulate", native, placement, "--json")
+    assert json.loads(sim)["step_time_us"] == pytest.approx(json.loads(out)["step_time_us"])
 
 
 @pytest.mark.parametrize(("dim", "says"), [

@@ -163,6 +163,8 @@ def test_batch_bad_input():
         scale_batch(OpGraph(["a"], [], []), 8)
     with pytest.raises(GraphError, match=r"is a training step .* scale its forward graph"):
         scale_batch(_train(g), 8)  # its weight gradients would scale with the batch
+    step = _train(g)
+    assert step.meta["batch_size"] != 8 and scale_batch(step, step.meta["batch_size"]) is step
     for recorded in ("big", [1], -2, True):
         with pytest.raises(GraphError, match=f"records batch_size {re.escape(repr(recorded))}, "
                                              f"not a positive number"):

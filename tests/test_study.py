@@ -726,11 +726,13 @@ def test_report_replaces_an_earlier_report_and_refuses_datasets_without_its_colu
         "index.html", "notes.txt", "photo.png", "ratio_greedy_batch_export_none.png",
         "wins_greedy_batch_export_none.png"]
     data = dataset_frame(tmp_path / "h.sqlite")
+    data.to_csv(tmp_path / "new.csv", index=False)
     for dropped in (["single_device_us", "single_device_feasible"], ["scenario_def"]):
         data.drop(columns=dropped).to_csv(tmp_path / "old.csv", index=False)
-        with pytest.raises(TravorderError, match=rf"old\.csv: no column {dropped[-1]}, which "
-                                                 r"the report reads .*export it again"):
-            write_report(tmp_path / "old.csv", tmp_path / "r2")
+        with pytest.raises(TravorderError, match=rf"old\.csv': no column {dropped[-1]} \(a "
+                                                 r"dataset of an older travorder.*export it "
+                                                 r"again"):  # alone, or beside a new one
+            write_report([tmp_path / "new.csv", tmp_path / "old.csv"], tmp_path / "r2")
         assert not (tmp_path / "r2").exists()
 
 

@@ -135,6 +135,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         "training_step_nodes": training_graph(g).n_nodes,
         "unknown_shape_ops": list(g.meta.get("unknown_shape_ops") or []),
         "symbolic_dims": list(g.meta.get("symbolic_dims") or []),
+        "dims": dict(g.meta.get("dims") or {}),
         "batch_size": g.meta.get("batch_size"),
     }
     if args.features:
@@ -159,7 +160,9 @@ def cmd_info(args: argparse.Namespace) -> None:
     table.add_row("activations", _human(info["activation_bytes"], "B"))
     table.add_row("family / source",
                   f"{info['family'] or 'unknown'} / {info['source'] or 'unknown'}")
-    table.add_row("batch exported at", str(info["batch_size"] or "unknown"))
+    table.add_row("batch", str(info["batch_size"] or "unknown"))
+    if info["dims"]:
+        table.add_row("bound dimensions", ", ".join(f"{k}={v}" for k, v in info["dims"].items()))
     if symbolic := info["symbolic_dims"]:
         table.add_row("symbolic dimensions", f"{', '.join(symbolic)} (unbound: "
                                              f"{bind_hint(symbolic)})")
@@ -442,7 +445,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
                                  "'travorder[report]'") from None
     _, doc = load_placement(args.placement)
     step = doc["graph"]  # the training step the file was placed for, unless told
-    batch = step.get("batch") if args.batch is None else args.batch
+    # the file's batch, unless the user gives one, or dimensions that set it
+    batch = step.get("batch") if args.batch is None and args.dims is None else args.batch
     micro_batches = step.get("micro_batches", 1) if args.micro_batches is None \
         else args.micro_batches
     try:
@@ -1156,7 +1160,8 @@ class _DimAction(argparse.Action):
                  values: Any, option_string: str | None = None) -> None:
         name, eq, value = str(values).partition("=")
         name = name.strip()
-        if not (eq and name and value.strip().isdigit() and int(value) >= 1):
+        if not (eq and name and value.strip().isascii() and value.strip().isdigit()
+                and int(value) >= 1):
             parser.error(f"argument --dim: expected NAME=N with N an integer >= 1, "
                          f"got {values!r}")
         dims = dict(getattr(namespace, self.dest) or {})

@@ -2,8 +2,9 @@
 
 `scale_batch(g, batch)` multiplies by ``batch / g.meta["batch_size"]`` every op's
 ``flops``, ``output_bytes`` and measured ``time_us`` and every edge's bytes; parameters do
-not change. Apply it to a forward graph, before `training_graph`: the backward pass then
-follows (weight gradients are parameter-sized and do not scale).
+not change (``g`` itself comes back when it is at ``batch`` already). Apply it to a
+forward graph, before `training_graph`: the backward pass then follows (weight gradients
+are parameter-sized and do not scale).
 
 Ops whose cost does not scale with the batch: the constant and shape ops in
 `BATCH_INVARIANT_OP_TYPES` (their outputs describe shapes, not data). Everything else
@@ -47,6 +48,8 @@ def scale_batch(g: OpGraph, batch: int) -> OpGraph:
     """``g`` re-costed from its recorded ``batch_size`` to ``batch`` (module docstring)."""
     if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
         raise GraphError(f"batch must be an integer >= 1, got {batch!r}")
+    if g.meta.get("batch_size") == batch:  # already at that batch, training step or not
+        return g
     if g.is_backward.any():  # which backward outputs are weight gradients is not known
         raise GraphError(f"graph {g.name!r} is a training step (it has backward ops), "
                          f"whose weight gradients do not scale: scale its forward graph to "

@@ -49,7 +49,8 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
 def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) -> OpGraph:
     """Load an :class:`OpGraph` from a file (ONNX, travorder ``.json.gz``, dnn-partitioning
     JSON) or return ``source`` itself if it already is one. ``dims`` gives values to an
-    ONNX model's symbolic input dimensions (`travorder.graph.onnx_import.read_onnx`).
+    ONNX model's symbolic input dimensions (`travorder.graph.onnx_import.read_onnx`); a
+    graph of another format takes only the values it was made with (``meta["dims"]``).
 
     >>> load_graph("missing.onnx")
     Traceback (most recent call last):
@@ -57,9 +58,15 @@ def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) ->
     travorder.errors.FormatError: missing.onnx: no such file
     """
     if dims and (isinstance(source, OpGraph) or sniff_format(source) != "onnx"):
+        g = load_graph(source)  # bound when it was made: to these values, or refused
+        bound = dict(g.meta.get("dims") or {})
+        if bound == dict(dims):
+            return g
         where = "an OpGraph" if isinstance(source, OpGraph) else f"{source}"
         raise DimsError(f"{where}: not an ONNX model, so it has no symbolic dimensions "
-                          f"to bind (its shapes were fixed when it was made)")
+                        f"to bind (its shapes were fixed when it was made" + (
+                            f", with {', '.join(f'{k}={v}' for k, v in bound.items())}"
+                            if bound else "") + ")")
     if isinstance(source, OpGraph):
         return source
     fmt = sniff_format(source)

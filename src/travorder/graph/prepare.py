@@ -29,10 +29,10 @@ def placed_graph(graph: OpGraph, training: bool = True, batch: int | None = None
     never coarsened (what ``travorder.place`` places). More micro-batches than samples in
     the batch are refused: a micro-batch holds one sample at least."""
     g = graph if batch is None else scale_batch(graph, batch)
-    placed = pipeline_graph(prepare_graph(g, training), micro_batches)
     samples = g.meta.get("batch_size")
-    if isinstance(samples, int | float) and micro_batches > samples:
+    if (isinstance(micro_batches, int) and isinstance(samples, int | float)
+            and micro_batches > samples):  # before the pipeline is built: M can be huge
         raise GraphError(f"{micro_batches} micro-batches of a batch of {samples:g}: a "
                          f"micro-batch holds one sample at least (give a batch of "
                          f"{micro_batches} or more)")
-    return placed
+    return pipeline_graph(prepare_graph(g, training), micro_batches)

@@ -145,13 +145,14 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
     step = step_graph if plain else placed_graph(graph, training, batch, micro_batches)
     asked = {"training": training, "batch": batch, "micro_batches": micro_batches}
     scaled = "" if plain else f" ({describe_step(asked)}" + (
-        f", {' and '.join(from_file)} as the placement file records" if recorded and from_file
+        f", {', '.join(from_file)} as the placement file records" if recorded and from_file
         else "") + ")"
     if expected is not None and expected not in (graph.graph_hash, step_graph.graph_hash,
                                                  step.graph_hash):
         raise TravorderError(
-            f"placement is for graph {expected[:12]}, not {graph.graph_hash[:12]} "
-            f"({graph.name!r}){scaled}: {_CHANGED}")
+            f"placement is for graph {expected[:12]}, not "
+            f"{(graph if plain else step).graph_hash[:12]} ({graph.name!r}){scaled}: "
+            f"{_CHANGED}")
     given = f"{n_devices} device{'s were' if n_devices != 1 else ' was'} given"
     if cluster_devices is not None and cluster_devices != n_devices:
         raise TravorderError(f"the placement is for a cluster of {cluster_devices} devices, "

@@ -18,9 +18,10 @@ not fit where one device does) and the file holds the single-device placement in
 ``placer_step_time_us`` is then what the placer reached.
 
 ``graph`` says which graph was placed: ``training`` (a training step, not the forward
-graph alone), ``batch`` (null: the model records none), ``micro_batches`` and ``dims``
-(the values given to the ONNX model's symbolic input dimensions) are what ``travorder
-simulate`` and `travorder.placement.launch.apply` build the graph with again.
+graph alone), ``batch`` (the placed graph's batch, as exported or as scaled to; null when
+the model records none), ``micro_batches`` and ``dims`` (the values given to the ONNX
+model's symbolic input dimensions) are what ``travorder simulate`` and
+`travorder.placement.launch.apply` build the graph with again.
 ``placement`` maps every node name to a device index into ``devices``, in the graph's
 node order. Unlimited memory and infinite bandwidth in the cluster are written as
 ``null`` so the file is strict JSON.

@@ -454,11 +454,12 @@ def is_store(source: str | os.PathLike[str]) -> bool:
 _KEY = ["graph_hash", "cluster", "placer", "config_hash"]
 
 
-def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = None
-                 ) -> Any:
+def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = None,
+                 required: Sequence[str] = ()) -> Any:
     """Concatenate the datasets of result stores, dataset files and bundled datasets
     (``bundled:greedy``, ``bundled:rl``); de-duplicate rows. ``study``: of a store, only
-    that study's latest run (`dataset_frame`)."""
+    that study's latest run (`dataset_frame`). ``required``: columns every source must
+    have (a dataset of an older version may lack some)."""
     import pandas as pd
 
     if not sources:
@@ -475,6 +476,10 @@ def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = 
             frames.append(dataset_frame(p, study=study))
         else:
             frames.append(load_dataset(p))
+        if missing := [c for c in required if c not in frames[-1].columns]:
+            raise TravorderError(f"{str(src)!r}: no column {', '.join(missing)} (a dataset "
+                                 f"of an older travorder, or edited?): export it again from "
+                                 f"its store")
         for name, text in _scenario_defs(frames[-1]):
             if name not in defined:
                 defined[name] = text, src

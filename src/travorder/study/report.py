@@ -368,9 +368,8 @@ def _curves(stores: list[Path], out: Path, study: str | None) -> list[Path]:
         ax.set_xlabel("episode")
         ax.set_ylabel("step time / first episode's (mean over runs)")
         ax.set_title(f"RL learning curves, {cluster}, {scenario}\n"
-                     f"{_options_text(options)} (" + (
-                         f"every {every}th episode greedy" if every else
-                         "the greedy episodes") + ": the saw-tooth)", fontsize=9)
+                     f"{_options_text(options)} (one episode in "
+                     f"{every or 'eval_every'} greedy: the saw-tooth)", fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"curves_{_slug(cluster)}_{_slug(scenario)}_{config[:6]}.png"
@@ -482,11 +481,7 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     matplotlib.use("Agg")
     sources = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     out = Path(out_dir)
-    data = read_sources(sources, study)  # bad input: nothing written
-    if missing := [c for c in REPORT_COLUMNS if c not in data.columns]:
-        raise TravorderError(f"{', '.join(map(str, sources))}: no column "
-                             f"{', '.join(missing)}, which the report reads (a dataset of an "
-                             f"older travorder, or edited?): export it again from its store")
+    data = read_sources(sources, study, REPORT_COLUMNS)  # bad input: nothing written
     if out.exists() and not out.is_dir():
         raise TravorderError(f"{str(out)!r} is a file, not a folder")
     target = Path(os.path.realpath(out))

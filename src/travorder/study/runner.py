@@ -174,7 +174,9 @@ def _shutdown_loky() -> None:
     clean stop, rather than when the interpreter exits (a second or two later)."""
     from joblib.externals.loky import reusable_executor
 
-    if (pool := reusable_executor._executor) is not None:
+    # loky keeps its reusable pool in a module global (a private one: if a joblib release
+    # renames it, the workers end at exit instead, as before)
+    if (pool := getattr(reusable_executor, "_executor", None)) is not None:
         pool.shutdown(wait=True)
 
 
