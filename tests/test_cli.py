@@ -159,6 +159,19 @@ def test_dim_binds_symbolic_dimensions_and_placement_files_keep_them(
     for other in (["--dim", "batch=16"], ["--batch", "16"]):  # another step: refused
         _one_line_error(capsys, ["simulate", dynamic_model, placement, *other],
                         "(batch 8, 1 micro-batch, dim batch=8), not ")
+    scaled = str(tmp_path / "p16.json")  # bound at 8, placed at 16
+    code, out, _ = run(capsys, "place", dynamic_model, "--dim", "batch=8", "--batch", "16",
+                       "-o", scaled, "--json")
+    doc = json.loads(Path(scaled).read_text())
+    old = str(tmp_path / "old.json")  # a file written before placement files kept dims
+    Path(old).write_text(json.dumps({**doc, "graph": {
+        k: v for k, v in doc["graph"].items() if k not in ("dims", "training")}}))
+    for file, same in ((scaled, []), (scaled, ["--dim", "batch=8"]), (old, ["--dim",
+                                                                           "batch=8"])):
+        code, sim, err = run(capsys, "simulate", dynamic_model, file, *same, "--json")
+        assert code == 0, err  # the file's dims given again, or given for it: its batch holds
+        assert json.loads(sim)["step_time_us"] == pytest.approx(
+            json.loads(out)["step_time_us"])
     _one_line_error(capsys, ["simulate", model, placement],  # the file's --dim: not this model
                     "no symbolic input dimension named batch to bind (the model has: none); "
                     f"the dimensions are those of placement file {placement!r}: a placement "
@@ -475,7 +488,9 @@ def test_negative_seed_gets_one_line(capsys, model):
     (["--micro-batches", "0"], "error: micro-batches must be an integer >= 1, got 0"),
     (["--verify", "2", "--budget", "1"], "not allowed with"),
     (["--explain", "--top", "0"], "--top"),
-    (["--top", "3"], "error: --top sets how many features --explain shows: give --explain")])
+    (["--top", "3"], "error: --top sets how many features --explain shows: give --explain"),
+    (["--micro-batches", "2"], "error: 2 micro-batches of a batch of 1: a micro-batch holds "
+                               "one sample at least (give a batch of 2 or more)")])
 def test_bad_recommend_arguments_get_one_line(capsys, model, argv, says):
     try:
         code, out, err = _recommend(capsys, model, *argv)

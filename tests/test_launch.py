@@ -261,7 +261,7 @@ def test_placements_at_another_batch_or_over_micro_batches(tmp_path):
     assert list(placed.op_devices.values()) == by_file.placement[:g.n_nodes].tolist()
     with pytest.raises(TravorderError, match=r"\(batch 64, 2 micro-batches, training=, "
                                              r"batch= as the placement file records\): "):
-        apply(model, x, path, CPUS, micro_batches=2)  # what is given wins
+        apply(model, x, path, CPUS, micro_batches=np.int64(2))  # what is given wins
     forward = place(g, "k80x3", order="topo", placer="round_robin", training=False, batch=64,
                     micro_batches=2)  # a forward-only placement, as place makes it
     placed = apply(copy.deepcopy(model), x, forward, CPUS, training=False, batch=64,

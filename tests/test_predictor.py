@@ -890,7 +890,7 @@ def test_ops_of_unknown_shape_are_a_warning(model_dir, tmp_path):
     with pytest.raises(TravorderError, match="symbolic dimensions batch: bind them"):
         recommend_order(str(path), "k80x3", predictor=model_dir, batch=8)
     bound = recommend_order(str(path), "k80x3", predictor=model_dir, dims={"batch": 8},
-                            batch=16)  # bound at 8, scaled to 16
+                            batch=np.int64(16), micro_batches=np.int64(2))  # numpy's too
     assert not any("unknown shape" in w for w in bound.warnings)
     placed = place(str(path), "k80x3", order="topo", dims={"batch": 8}, batch=16)
     assert placed.step_time_us > place(str(path), "k80x3", order="topo",

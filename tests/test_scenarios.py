@@ -20,6 +20,7 @@ from travorder.graph import OpGraph, training_graph
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
 from travorder.graph.pipeline import expand_order, micro_batch_graph, pipeline_graph
+from travorder.graph.prepare import placed_graph
 from travorder.placement import Simulator, load_cluster, place_graph, traversal_order
 from travorder.placement.orders import ORDERS, TOPOLOGICAL_ORDERS
 from travorder.placement.placers.heuristics import single
@@ -169,6 +170,19 @@ def test_batch_bad_input():
         with pytest.raises(GraphError, match=f"records batch_size {re.escape(repr(recorded))}, "
                                              f"not a positive number"):
             scale_batch(g.replace(meta={"batch_size": recorded}), 8)
+
+
+def test_more_micro_batches_than_samples_are_refused_before_pipelining():
+    g = chain(0, n_layers=2)
+    g = g.replace(meta={**g.meta, "batch_size": 2})
+    for m in (4, np.int64(4), 10**9):  # a huge count is refused at once, not built
+        with pytest.raises(GraphError, match=rf"^{m} micro-batches of a batch of 2: a "
+                                             rf"micro-batch holds one sample at least"):
+            placed_graph(g, True, None, m)
+    with pytest.raises(GraphError, match="4 micro-batches of a batch of 3"):
+        placed_graph(g, True, 3, 4)
+    step = placed_graph(g, True, np.int64(4), np.int64(4))
+    assert step.n_nodes == 4 * training_graph(g).n_nodes
 
 
 # ------------------------------------------------------------------ memory and floor

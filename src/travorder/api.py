@@ -167,8 +167,8 @@ def user_scenario(batch: int | None, micro_batches: int, manifest: dict[str, Any
                   ) -> Scenario:
     """The scenario of a user's model: their batch and micro-batches, coarsened as the
     predictor's training rows with the nearest number of micro-batches were."""
-    scenario = Scenario(batch="export" if batch is None else batch,
-                        micro_batches=micro_batches)
+    scenario = Scenario(batch="export" if batch is None else int(batch),  # np.int64 too
+                        micro_batches=int(micro_batches))
     seen = [Scenario.from_dict(d) for d in manifest.get("scenarios", [])]
     if not seen:
         return scenario

@@ -445,8 +445,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
                                  "'travorder[report]'") from None
     _, doc = load_placement(args.placement)
     step = doc["graph"]  # the training step the file was placed for, unless told
-    # the file's batch, unless the user gives one, or dimensions that set it
-    batch = step.get("batch") if args.batch is None and args.dims is None else args.batch
+    # the file's batch, unless the user gives one, or dimensions other than the file's
+    other_dims = args.dims is not None and step.get("dims") and args.dims != step["dims"]
+    batch = step.get("batch") if args.batch is None and not other_dims else args.batch
     micro_batches = step.get("micro_batches", 1) if args.micro_batches is None \
         else args.micro_batches
     try:

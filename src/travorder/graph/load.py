@@ -46,6 +46,13 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
     return "onnx"
 
 
+def check_dims(dims: object) -> None:
+    """Refuse ``dims`` that are not a mapping of dimension names to values (None: none)."""
+    if dims is not None and not isinstance(dims, Mapping):
+        raise DimsError(f"dims must map symbolic dimension names to integers, e.g. "
+                        f"{{'batch': 8}}, not {dims!r}")
+
+
 def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) -> OpGraph:
     """Load an :class:`OpGraph` from a file (ONNX, travorder ``.json.gz``, dnn-partitioning
     JSON) or return ``source`` itself if it already is one. ``dims`` gives values to an
@@ -57,6 +64,7 @@ def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) ->
     ...
     travorder.errors.FormatError: missing.onnx: no such file
     """
+    check_dims(dims)
     if dims and (isinstance(source, OpGraph) or sniff_format(source) != "onnx"):
         g = load_graph(source)  # bound when it was made: to these values, or refused
         bound = dict(g.meta.get("dims") or {})
@@ -98,4 +106,4 @@ def _load_json(path: Path) -> OpGraph:
     )
 
 
-__all__ = ["GraphSource", "load_graph", "save_graph", "sniff_format"]
+__all__ = ["GraphSource", "check_dims", "load_graph", "save_graph", "sniff_format"]

@@ -51,7 +51,7 @@ from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
 
 from travorder.errors import DimsError, FormatError, first_line
-from travorder.graph.load import sniff_format
+from travorder.graph.load import check_dims, sniff_format
 from travorder.graph.onnx_flops import has_flops_rule, node_flops
 from travorder.graph.opgraph import OpGraph
 
@@ -92,9 +92,7 @@ def read_onnx(
                 "control flow (If/Loop/Scan) cannot be costed statically, export the "
                 "model with it unrolled or removed"
             )
-    if dims is not None and not isinstance(dims, Mapping):
-        raise DimsError(f"dims must map symbolic dimension names to integers, e.g. "
-                             f"{{'batch': 8}}, not {dims!r}")
+    check_dims(dims)
     inferred, symbolic = _infer_shapes(model, dict(dims or {}), where)
     graph = model.graph
     params = {t.name for t in graph.initializer}

@@ -3,6 +3,8 @@ placement is for: a training step at a batch, pipelined."""
 
 from __future__ import annotations
 
+from numbers import Integral
+
 from travorder.errors import GraphError
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
@@ -30,7 +32,7 @@ def placed_graph(graph: OpGraph, training: bool = True, batch: int | None = None
     the batch are refused: a micro-batch holds one sample at least."""
     g = graph if batch is None else scale_batch(graph, batch)
     samples = g.meta.get("batch_size")
-    if (isinstance(micro_batches, int) and isinstance(samples, int | float)
+    if (isinstance(micro_batches, Integral) and isinstance(samples, int | float)
             and micro_batches > samples):  # before the pipeline is built: M can be huge
         raise GraphError(f"{micro_batches} micro-batches of a batch of {samples:g}: a "
                          f"micro-batch holds one sample at least (give a batch of "

@@ -79,7 +79,7 @@ def describe_step(step: Mapping[str, Any]) -> str:
     micro = step.get("micro_batches", 1)
     return ", ".join([*(["forward only"] if not step.get("training", True) else []),
                       f"batch {step['batch']}" if step.get("batch") else "its own batch",
-                      f"{micro} micro-batch{'es' * (micro != 1)}",
+                      f"{micro} micro-batch{'es' if micro != 1 else ''}",
                       *(f"dim {k}={v}" for k, v in (step.get("dims") or {}).items())])
 
 

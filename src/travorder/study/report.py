@@ -368,8 +368,10 @@ def _curves(stores: list[Path], out: Path, study: str | None) -> list[Path]:
         ax.set_xlabel("episode")
         ax.set_ylabel("step time / first episode's (mean over runs)")
         ax.set_title(f"RL learning curves, {cluster}, {scenario}\n"
-                     f"{_options_text(options)} (one episode in "
-                     f"{every or 'eval_every'} greedy: the saw-tooth)", fontsize=9)
+                     f"{_options_text(options)} (" + (
+                         f"one episode in {every}" if every else
+                         "at the default eval_every, one episode in 5") +
+                     " greedy: the saw-tooth)", fontsize=9)
         ax.legend(fontsize=7)
         fig.tight_layout()
         path = out / f"curves_{_slug(cluster)}_{_slug(scenario)}_{config[:6]}.png"
