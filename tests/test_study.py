@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -721,7 +722,14 @@ def test_report_replaces_an_earlier_report_and_refuses_datasets_without_its_colu
     out.mkdir()
     for name in ("wins_old_scenario.png", "notes.txt", "photo.png"):  # the user's stay
         (out / name).write_text("x")
+    orphan = out / ".report-999999999-abc"  # the working folder of a report killed by SIGKILL
+    running = out / f".report-{os.getpid()}-abc"  # one of a report still running
+    for d in (orphan, running):
+        d.mkdir()
+        (d / "index.html").write_text("x")
     write_report(tmp_path / "h.sqlite", out)
+    assert not orphan.exists()
+    shutil.rmtree(running)
     assert sorted(p.name for p in out.iterdir()) == [
         "index.html", "notes.txt", "photo.png", "ratio_greedy_batch_export_none.png",
         "wins_greedy_batch_export_none.png"]

@@ -45,6 +45,7 @@ its table: the predictor kinds against the fixed-order baselines.
 
 from __future__ import annotations
 
+import glob
 import html
 import io
 import json
@@ -473,8 +474,9 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     datasets or bundled ones, see `read_sources`; of a store only its study named
     ``study``, if given) into ``out_dir`` (made if needed, in a folder that exists);
     returns the files written. They are made in a temporary folder (inside ``out_dir``,
-    or beside it when it is to be made) and moved in at the end, so an error or an
-    interruption leaves nothing half-written. The timelines
+    or beside it when it is to be made; named with the process id, so that the next
+    report removes one left by a process killed outright) and moved in at the end, so an
+    error or an interruption leaves nothing half-written. The timelines
     and learning curves need the stores' jobs: datasets give the tables and the
     per-scenario figures alone. ``evaluations``: per placer, an evaluation with ``table``
     and ``best_fixed`` (`travorder.predictor.evaluate.Evaluation`) to include."""
@@ -487,10 +489,12 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     if out.exists() and not out.is_dir():
         raise TravorderError(f"{str(out)!r} is a file, not a folder")
     target = Path(os.path.realpath(out))
-    try:  # in the folder, or beside it when it is to be made: on its file system
-        work = Path(tempfile.mkdtemp(prefix=".report-" if target.is_dir() else
-                                     f".{target.name}-",
-                                     dir=target if target.is_dir() else target.parent))
+    # in the folder, or beside it when it is to be made: on its file system
+    prefix = ".report-" if target.is_dir() else f".{target.name}-"
+    parent = target if target.is_dir() else target.parent
+    _remove_orphans(parent, prefix)
+    try:
+        work = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
     except OSError as exc:
         raise TravorderError(f"cannot write the report into {str(out)!r}: "
                              f"{exc.strerror or exc}") from None
@@ -519,6 +523,25 @@ _FIGURE_PREFIXES = ("wins_", "ratio_", "curves_", "timeline_")
 REPORT_COLUMNS = ("graph", "family", "cluster", "placer", "scenario", "scenario_def",
                   "coarsen_max_nodes", "single_device_feasible", "speedup", "gap_worst",
                   "gap_second", "second_tied")
+
+
+def _remove_orphans(parent: Path, prefix: str) -> None:
+    """Remove the working folders ``<prefix><pid>-*`` in ``parent`` of reports whose
+    process is gone (killed with SIGKILL, which no clean-up survives)."""
+    for d in parent.glob(f"{glob.escape(prefix)}*-*"):
+        pid = d.name.removeprefix(prefix).split("-", 1)[0]
+        if d.is_dir() and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def _umask() -> int:
