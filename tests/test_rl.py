@@ -439,6 +439,7 @@ def test_config_presets_and_options() -> None:
     c = RLConfig.from_options(lr="0.01", colocate="false", encoder="sage")
     assert (c.lr, c.colocate, c.encoder) == (0.01, False, "sage")
     assert RLConfig(lr=1).lr == 1.0 and isinstance(RLConfig(lr=1).lr, float)
+    assert RLConfig(colocate=0).colocate is False  # `-O colocate=0` arrives as an int
 
 
 @pytest.mark.parametrize(("options", "message"), [
@@ -446,6 +447,9 @@ def test_config_presets_and_options() -> None:
     ({"episodes": "many"}, "episodes must be int"),
     ({"episodes": 2.5}, "episodes must be int"),
     ({"colocate": "maybe"}, "colocate must be bool"),
+    ({"colocate": 2}, "colocate must be bool"),
+    ({"threads": 2**31}, "threads must be between 1 and 1024"),
+    ({"dim": 10**11}, "dim and hidden must be between 1 and 4096"),
     ({"gamma": 0.0}, "gamma must be in"),
     ({"encoder": "gat"}, "encoder must be one of"),
     ({"memory": "ignore"}, "memory must be one of"),

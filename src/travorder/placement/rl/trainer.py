@@ -61,6 +61,11 @@ ENCODERS = ("placeto", "sage")
 NETWORKS = ("numpy", "torch")
 
 
+#: The widest graph network and head (``dim``, ``hidden``) and the most threads a run
+#: takes: far above any use, below what exhausts memory or torch's thread count.
+MAX_WIDTH, MAX_THREADS = 4096, 1024
+
+
 @dataclass(frozen=True)
 class RLConfig:
     """Settings of one RL placement run.
@@ -104,6 +109,8 @@ class RLConfig:
                 value = _parse(f.name, value, kind)
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
+            if kind is bool and type(value) is int and value in (0, 1):  # -O colocate=0
+                value = bool(value)
             if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
                 raise TravorderError(f"rl option {f.name} must be {f.type}, got {value!r}")
             object.__setattr__(self, f.name, value)
@@ -117,11 +124,12 @@ class RLConfig:
             (self.baseline_window >= 1, "baseline_window must be at least 1"),
             (0 < self.gamma <= 1, "gamma must be in (0, 1]"),
             (self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}"),
-            (self.dim >= 1 and self.hidden >= 1, "dim and hidden must be at least 1"),
+            (1 <= self.dim <= MAX_WIDTH and 1 <= self.hidden <= MAX_WIDTH,
+             f"dim and hidden must be between 1 and {MAX_WIDTH}"),
             (self.memory in MEMORY_MODES, f"memory must be one of {', '.join(MEMORY_MODES)}"),
             (self.memory_penalty >= 0 and math.isfinite(self.memory_penalty),
              "memory_penalty must be non-negative"),
-            (self.threads >= 1, "threads must be at least 1"),
+            (1 <= self.threads <= MAX_THREADS, f"threads must be between 1 and {MAX_THREADS}"),
             (self.network in NETWORKS, f"network must be one of {', '.join(NETWORKS)}"),
         ]
         for ok, message in checks:
