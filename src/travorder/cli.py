@@ -1179,7 +1179,7 @@ def _step_options(parser: argparse.ArgumentParser, default_micro_batches: int | 
     parser.add_argument("--batch", type=int, metavar="B",
                         help="the training batch (default: " + (
                             "the placement file's" if recorded else
-                            "the batch the model was exported at") + ")")
+                            "the batch the model was exported at, or --dim binds") + ")")
     parser.add_argument("--micro-batches", type=int, default=default_micro_batches,
                         metavar="M",
                         help="the training step pipelined over M micro-batches (default: "
