@@ -1118,15 +1118,15 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         if rec.confidence == "low" and len(rec.tied) < len(rec.expected_regret):
             print("  to be sure: --budget 2 checks the orders by placement and keeps the "
                   "fastest")
-    how = "measured regret {}" if checked and rec.runner_up in rec.verified \
-        else "expected regret {}" + (", not checked" if checked else "")
+    regret = f"{100 * rec.runner_up_regret:.1f}%"
+    how = f"measured regret {regret}" if checked and rec.runner_up in rec.verified \
+        else f"expected regret {regret}" + (", not checked" if checked else "")
     if rec.runner_up in rec.tied:
         print(f"runner-up:         none: all {len(rec.tied)} orders are tied")
     elif rec.runner_up_regret == math.inf:
         print(f"runner-up:         {rec.runner_up}  (its placement does not fit in memory)")
     else:
-        regret = f"{100 * rec.runner_up_regret:.1f}%"
-        print(f"runner-up:         {rec.runner_up}  ({how.format(regret)})")
+        print(f"runner-up:         {rec.runner_up}  ({how})")
     for line in rec.warnings[:3]:
         print(f"warning: {line}")
     if len(rec.warnings) > 3:
@@ -1161,8 +1161,7 @@ class _DimAction(argparse.Action):
                  values: Any, option_string: str | None = None) -> None:
         name, eq, value = str(values).partition("=")
         name = name.strip()
-        if not (eq and name and value.strip().isascii() and value.strip().isdigit()
-                and int(value) >= 1):
+        if not (eq and name and value.strip().isdecimal() and int(value) >= 1):
             parser.error(f"argument --dim: expected NAME=N with N an integer >= 1, "
                          f"got {values!r}")
         dims = dict(getattr(namespace, self.dest) or {})

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from numbers import Integral
 from pathlib import Path
 
 from travorder.errors import DimsError, FormatError, GraphError
@@ -47,10 +48,17 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
 
 
 def check_dims(dims: object) -> None:
-    """Refuse ``dims`` that are not a mapping of dimension names to values (None: none)."""
-    if dims is not None and not isinstance(dims, Mapping):
+    """Refuse ``dims`` that are not a mapping of dimension names to integers >= 1 (None:
+    no dimensions bound)."""
+    if dims is None:
+        return
+    if not isinstance(dims, Mapping):
         raise DimsError(f"dims must map symbolic dimension names to integers, e.g. "
                         f"{{'batch': 8}}, not {dims!r}")
+    for name, value in dims.items():
+        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+            raise DimsError(f"symbolic dimension {name} must be bound to an integer >= 1, "
+                            f"not {value!r}")
 
 
 def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) -> OpGraph:

@@ -41,7 +41,6 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from functools import lru_cache
-from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -177,10 +176,6 @@ def _infer_shapes(
             f"{where}: no symbolic input dimension named {', '.join(unknown)} to bind "
             f"(the model has: {', '.join(sorted(declared)) or 'none'})"
         )
-    if bad := next(((k, v) for k, v in dims.items() if isinstance(v, bool) or not isinstance(
-            v, Integral) or v < 1), None):
-        raise DimsError(f"{where}: symbolic dimension {bad[0]} must be bound to an "
-                             f"integer >= 1, not {bad[1]!r}")
     for vi in (*g.input, *g.value_info, *g.output):  # exporters repeat the symbols inside
         for d in vi.type.tensor_type.shape.dim:
             if d.dim_param in dims:
