@@ -233,3 +233,8 @@ def test_random_dags_shrink_to_the_smallest_failing_graph():
              settings=settings(database=None, max_examples=200, derandomize=True))
     assert g.n_edges == 2 and g.n_nodes <= 4
     assert set(g.flops.tolist()) == {1.0} and set(g.param_bytes.tolist()) == {0.0}
+
+
+def test_names_with_nul_characters_are_refused():
+    with pytest.raises(GraphError, match="NUL"):
+        OpGraph(["a", "a\x00"], [0], [1])

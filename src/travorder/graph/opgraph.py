@@ -105,6 +105,9 @@ class OpGraph:
         n = len(names_list)
         if any(not x for x in names_list):
             raise GraphError("node names must be non-empty strings")
+        # numpy's str arrays drop trailing NULs: "a" and "a\0" would become one name
+        if any("\0" in x for x in names_list):
+            raise GraphError("node names must not contain NUL characters")
         if len(set(names_list)) != n:
             seen: set[str] = set()
             dup = next(x for x in names_list if x in seen or seen.add(x))
