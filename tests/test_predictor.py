@@ -657,6 +657,18 @@ def test_place_auto_says_how_the_order_was_chosen(model_dir, onnx_model):
     assert place(onnx_model, "k80x3", order="topo").recommendation is None
 
 
+def test_place_auto_checks_orders_with_the_placer_options_it_places_with(model_dir,
+                                                                          onnx_model):
+    for options in ({"colocate": False}, {}):
+        r = place(onnx_model, "v100x4-nvlink", predictor=model_dir, verify=3, **options)
+        assert r.recommendation.verified[r.order] == pytest.approx(r.step_time_us)
+    with pytest.raises(TravorderError, match="has no option 'no_such_option'"):
+        place(onnx_model, "k80x3", predictor=model_dir, verify=2, no_such_option=1)
+    for given in ({"verify": 2}, {"budget": 5.0}, {"budget": -5}):
+        with pytest.raises(TravorderError, match="order='auto'"):
+            place(onnx_model, "k80x3", order="topo", **given)
+
+
 def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_dir, onnx_model):
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir)
     p, _ = OrderPredictor.load(model_dir)

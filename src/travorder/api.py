@@ -179,9 +179,11 @@ def user_scenario(batch: int | None, micro_batches: int, manifest: dict[str, Any
 def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                explain: bool = False, verify: int = 0, budget: float | None = None,
                placer: str = "greedy", seed: int = 0, batch: int | None = None,
-               micro_batches: int = 1) -> Recommendation:
+               micro_batches: int = 1, options: Mapping[str, Any] | None = None
+               ) -> Recommendation:
     """`recommend_order` for graph ``g``, whose placements are of its training step (or of
-    ``g`` itself, if not ``training``) at ``batch`` over ``micro_batches``."""
+    ``g`` itself, if not ``training``) at ``batch`` over ``micro_batches``, checked (if
+    at all) with the placer's ``options``."""
     check_seed(seed)
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, Real)
                                or not budget >= 0):
@@ -233,7 +235,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         if budget is not None:  # any order: those the model does not know come last
             candidates += [o for o in ORDERS if o not in names]
         t0 = time.perf_counter()
-        results = _check(placed, c, candidates, placer, seed, budget)
+        results = _check(placed, c, candidates, placer, seed, budget, options or {})
         check_s = time.perf_counter() - t0
         checked = sorted(results, key=lambda o: (not results[o].feasible,
                                                  results[o].step_time_us))
@@ -313,8 +315,9 @@ def _outside_training_range(row: dict[str, float], ranges: dict[str, list[float]
 
 
 def _check(graph: OpGraph, cluster: Cluster, candidates: list[str], placer: str, seed: int,
-           budget: float | None) -> dict[str, PlacementResult]:
-    """Place ``graph`` with the ``candidates`` orders in turn: all of them, or with a
+           budget: float | None, options: Mapping[str, Any]) -> dict[str, PlacementResult]:
+    """Place ``graph`` with the ``candidates`` orders in turn (``placer`` with
+    ``options``): all of them, or with a
     ``budget`` (seconds) as many as fit. The first always runs, and the budget starts
     after it: it also loads (after installing, compiles) the placer's and the simulator's
     kernels, which is not checking. The next one then runs unless the budget is already
@@ -322,7 +325,8 @@ def _check(graph: OpGraph, cluster: Cluster, candidates: list[str], placer: str,
     from travorder.placement.placers import place_graph
 
     first, *rest = candidates
-    results = {first: place_graph(graph, cluster, placer=placer, order=first, seed=seed)}
+    results = {first: place_graph(graph, cluster, placer=placer, order=first, seed=seed,
+                                  **options)}
     t0 = last = time.perf_counter()
     for order in rest:
         now = time.perf_counter()
@@ -330,7 +334,8 @@ def _check(graph: OpGraph, cluster: Cluster, candidates: list[str], placer: str,
                 len(results) > 1 and 2 * now - last - t0 > budget)):
             break
         last = now
-        results[order] = place_graph(graph, cluster, placer=placer, order=order, seed=seed)
+        results[order] = place_graph(graph, cluster, placer=placer, order=order, seed=seed,
+                                     **options)
     return results
 
 
@@ -348,7 +353,8 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
     The graph is expanded to a training-step graph unless ``training=False``, at
     ``batch``, pipelined over ``micro_batches``, with ``dims`` bound (see
     `recommend_order`); ``options`` go to
-    the placer (e.g. ``episodes=`` for ``rl``). A placement slower than putting
+    the placer (e.g. ``episodes=`` for ``rl``), in checking orders too. ``verify`` and
+    ``budget`` need ``order="auto"``. A placement slower than putting
     everything on one device (or over memory where one device fits) is never returned:
     the single-device placement comes back instead, with ``result.fallback`` set.
     """
@@ -358,10 +364,14 @@ def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str
     c = load_cluster(cluster)
     placed = placed_graph(g, training, batch, micro_batches)
     rec = None
+    if order != "auto" and (verify or budget is not None):
+        raise TravorderError(f"verify= and budget= check the recommended order "
+                             f"(order='auto'); order={order!r} is placed as given")
     if order == "auto":
         rec = _recommend(g, training, c, predictor=predictor, verify=verify, budget=budget,
-                         placer=placer, seed=seed, batch=batch, micro_batches=micro_batches)
-        if rec.placement is not None and not options:  # checked: the same placement
+                         placer=placer, seed=seed, batch=batch, micro_batches=micro_batches,
+                         options=options)
+        if rec.placement is not None:  # checked with the same options: the same placement
             return replace(with_floor(rec.placement, placed, c), recommendation=rec)
         order = rec.order
     result = place_graph(placed, c, placer=placer, order=order, seed=seed, floor=True,
