@@ -26,12 +26,13 @@ from .strategies import dags_with_placement, random_dags
 
 
 def cluster(n: int = 2, memory: float = math.inf, bandwidth: float = 1000.0,
-            latency: float = 5.0, link_model: str = "link", flops: tuple = ()) -> Cluster:
+            latency: float = 5.0, link_model: str = "link", flops: tuple = (),
+            semantics: str = "travorder") -> Cluster:
     """``n`` devices without launch gap; transfers take ``latency + bytes / bandwidth``."""
     peaks = flops or (1e12,) * n
     return Cluster("test", tuple(Device(f"g{i}", p, 1e12, memory, 0.0)
                                  for i, p in enumerate(peaks)),
-                   bandwidth, latency, link_model)
+                   bandwidth, latency, link_model, semantics=semantics)
 
 
 # two independent chains a1 -> a2 -> a3 and b1 -> b2 -> b3, 10 us per op, 1 kB per edge
@@ -169,15 +170,30 @@ def test_infeasible_is_reported(name: str) -> None:
         assert not place_graph(TIGHT, cluster(memory=199.0), name).feasible
 
 
+@pytest.mark.parametrize("rules", [("link", "travorder"), ("bus", "placeto")])
 @settings(max_examples=50, deadline=None)
 @given(dags_with_placement(n_devices=3, max_nodes=20), st.integers(0, 2**16))
-def test_memory_estimate_bounds_the_simulated_peak(case: tuple, seed: int) -> None:
+def test_memory_estimate_bounds_the_simulated_peak(rules: tuple, case: tuple, seed: int
+                                                   ) -> None:
     g, p = case
-    book = DeviceBook(g, cluster(3), colocate=False)
+    c = cluster(3, link_model=rules[0], semantics=rules[1])
+    book = DeviceBook(g, c, colocate=False)
     for v in np.random.default_rng(seed).permutation(g.n_nodes).tolist():
         book.assign(v, int(p[v]))
-    peak = simulate(g, p, cluster(3)).peak_memory
+    peak = simulate(g, p, c).peak_memory
     assert np.all(peak <= np.array(book.used) * (1 + 1e-9) + 1e-6)
+
+
+@pytest.mark.parametrize("name", ["greedy", "contiguous", "m_etf", "m_sct"])
+def test_placers_count_placetos_one_tensor_size_in_memory(name: str) -> None:
+    # a sends 1 kB to b and 0 B to c; under Placeto's rules a copy of a on c is 1 kB,
+    # which d1 (1 B) cannot hold: everything fits on d0
+    g = OpGraph(["a", "b", "c"], [0, 0], [1, 2], time_us=[1.0] * 3,
+                edge_bytes=[1000.0, 0.0])
+    c = Cluster("t", (Device("d0", 1e12, 1e11), Device("d1", 1e12, 1e11, memory=1.0)),
+                100.0, 0.0, "bus", semantics="placeto")
+    r = place_graph(g, c, placer=name, order="topo")
+    assert r.feasible and r.placement.tolist() == [0, 0, 0]
 
 
 @settings(max_examples=25, deadline=None)

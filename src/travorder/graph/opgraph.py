@@ -368,6 +368,14 @@ class OpGraph:
         return _frozen(np.bincount(self.src, minlength=self.n_nodes))
 
     @cached_property
+    def largest_out_edge_bytes(self) -> np.ndarray:
+        """Bytes of each node's largest outgoing edge (0 for a sink): the size of its
+        tensor under Placeto's semantics, where a tensor has one size."""
+        largest = np.zeros(self.n_nodes)
+        np.maximum.at(largest, self.src, self.edge_bytes)
+        return _frozen(largest)
+
+    @cached_property
     def topo_order(self) -> np.ndarray:
         """Kahn's topological order, FIFO queue, ties by node index.
 

@@ -209,9 +209,7 @@ class Simulator:
         off = np.argmax(~np.eye(cluster.n_devices, dtype=bool), axis=1)  # any other device
         rows = np.arange(cluster.n_devices)
         name_rank = _name_rank(graph)[node_at]
-        # Placeto's tensor has one size: its largest edge
-        tensor = np.zeros(n)
-        np.maximum.at(tensor, src_r, graph.edge_bytes)
+        tensor = graph.largest_out_edge_bytes[node_at]  # Placeto's: one size per tensor
         self._args = (work_r, np.where(work_r != 0.0, gap, 0.0), *graph_arrays, tensor,
                       name_rank, np.argsort(name_rank),
                       rank[np.flatnonzero(graph.in_degree == 0)],

@@ -8,7 +8,8 @@ start and finish on each device.
 Memory estimate: a device holds ``param_bytes * cluster.param_copies`` and
 ``output_bytes`` of every node on it, plus one copy of each remote tensor its nodes read
 (a producer's tensor counted once per consumer device, at its largest edge to that
-device). That is every byte the simulator ever allocates on the device, so a placement
+device; under Placeto's semantics at its largest edge of all, the one size its copies
+have there). That is every byte the simulator ever allocates on the device, so a placement
 that fits this estimate is feasible in the simulator too; the converse need not hold
 (tensors freed early are counted in full). With colocation on (the default), a group's
 memory is reserved on its device when its first member is placed, and the other members
@@ -44,6 +45,9 @@ class DeviceBook:
         self.group_device = [-1] * len(self.group_memory)
         self.edges_in = self._edge_lists(graph.in_edges_csr, graph.src)
         self.edges_out = self._edge_lists(graph.out_edges_csr, graph.dst)
+        # Placeto's copies have one size per tensor (transfer estimates keep edge bytes)
+        self.tensor_bytes = (graph.largest_out_edge_bytes.tolist()
+                             if cluster.semantics == "placeto" else None)
         self.copies: dict[tuple[int, int], float] = {}  # (producer, device) -> bytes held
 
     def _edge_lists(self, csr: tuple[np.ndarray, np.ndarray], other: np.ndarray
@@ -62,10 +66,12 @@ class DeviceBook:
         """Bytes device `d` would gain if `v` were placed on it."""
         g = self.group[v]
         extra = self.group_memory[g] if self.group_device[g] < 0 else 0.0
+        size = self.tensor_bytes
         for u, b in self.edges_in[v]:
             du = self.device[u]
             if du >= 0 and du != d:
-                extra += max(0.0, b - self.copies.get((u, d), 0.0))
+                extra += max(0.0, (b if size is None else size[u])
+                             - self.copies.get((u, d), 0.0))
         return extra
 
     def fits(self, v: int, d: int) -> bool:
@@ -94,12 +100,13 @@ class DeviceBook:
             self.group_device[g] = d
             self.used[d] += self.group_memory[g]
         self.device[v] = d
+        size = self.tensor_bytes
         for u, b in self.edges_in[v]:
             if self.device[u] >= 0 and self.device[u] != d:
-                self._copy(u, d, b)
+                self._copy(u, d, b if size is None else size[u])
         for w, b in self.edges_out[v]:
             if self.device[w] >= 0 and self.device[w] != d:
-                self._copy(v, self.device[w], b)
+                self._copy(v, self.device[w], b if size is None else size[v])
 
     def placement(self) -> np.ndarray:
         """The device per node as an int64 array."""
