@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from travorder.errors import FormatError, TravorderError, json_text
@@ -142,6 +143,47 @@ def test_missing_or_broken_files(tmp_path):
     bad.write_text("name = ")
     with pytest.raises(FormatError, match="not valid TOML"):
         load_cluster(bad)
+    (tmp_path / "dir.toml").mkdir()
+    with pytest.raises(FormatError, match=r"cannot read cluster file .*dir.toml.: Is a dir"):
+        load_cluster(tmp_path / "dir.toml")
+    latin = tmp_path / "latin.toml"
+    latin.write_bytes(TOML.replace('"mine"', '"m\xefne"').encode("latin-1"))
+    with pytest.raises(FormatError, match=r"latin.toml' is not UTF-8 text \(byte 10"):
+        load_cluster(latin)
+
+
+@pytest.mark.parametrize(("old", "new", "message"), [
+    ("peak_flops = 2e12", "peak_flops = 2" + "0" * 400,
+     r"device 'big': peak_flops is too large for a float: 2000+\.\.\.$"),
+    ("memory = 1e9", "memory = 1" + "0" * 400, "device 'big': memory is too large"),
+    ("count = 2", "count = 100_000_000",
+     "device 'small': count 100000000 makes more than 1024 devices"),
+    ("latency = 3.0", "latency = true", "latency must be a number, got True"),
+    ("[0, 100, 200]", "[0, true, 200]", "bandwidth must be a number, got True"),
+    ('name = "mine"', "name = 5", "cluster name must be a non-empty string, got 5"),
+    ('name = "mine"', 'name = ""', "cluster name must be a non-empty string, got ''"),
+])
+def test_wrong_values_in_a_file(tmp_path, old, new, message):
+    path = tmp_path / "c.toml"
+    path.write_text(TOML.replace(old, new))
+    with pytest.raises(TravorderError, match=message):
+        load_cluster(path)
+
+
+def test_json_nulls_and_strings(tmp_path):
+    doc = json.loads(json_text(two_devices().to_dict()))
+    path = tmp_path / "c.json"
+    for links, message in (({"bandwidth": [[0, "5"], ["5", 0]], "latency": 1.0},
+                            "bandwidth must be a number, got '5'"),
+                           ({"bandwidth": 1.0, "latency": None},
+                            "latency must be a number, got None")):
+        path.write_text(json.dumps({**doc, "links": links}))
+        with pytest.raises(TravorderError, match=message):
+            load_cluster(path)
+    path.write_text(json.dumps({**doc, "links": {"bandwidth": [[0, None], [None, 0]],
+                                                 "latency": [[0, 1], [2, 0]]}}))
+    c = load_cluster(path)
+    assert c.bandwidth[0, 1] == math.inf and c.latency[1, 0] == 2.0
 
 
 def test_negative_bandwidth_in_a_file(tmp_path):
@@ -167,6 +209,11 @@ def test_misspelt_setting_in_a_file(tmp_path):
     ({"link_model": "mesh"}, "unknown link model 'mesh'"),
     ({"busy_after_us": -1.0}, "busy_after_us must be finite and non-negative"),
     ({"param_copies": "three"}, "param_copies must be a number"),
+    ({"name": None}, "cluster name must be a non-empty string, got None"),
+    ({"bandwidth": "100"}, "bandwidth must be a number, got '100'"),
+    ({"bandwidth": np.array([["1", "2"], ["3", "4"]])}, "got an array of <U1"),
+    ({"devices": tuple(Device(f"d{i}", 1e12, 1e11) for i in range(1025))},
+     "has 1025 devices; at most 1024"),
 ])
 def test_invalid_clusters(changes, message):
     with pytest.raises(TravorderError, match=message):

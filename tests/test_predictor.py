@@ -825,6 +825,14 @@ def test_warns_when_the_graph_lies_outside_the_training_data(capsys, model_dir, 
     assert code == 0 and "to be sure" not in out  # checked: nothing to suggest
 
 
+def test_warns_when_the_cluster_has_rules_the_model_did_not_learn(onnx_model):
+    rec = recommend_order(onnx_model, "k80x3-placeto")  # the bundled model: k80x3 and more
+    assert rec.warnings[0] == ("cluster 'k80x3-placeto' is simulated by placeto's rules; "
+                               "the model learned under travorder's")
+    assert rec.confidence == "low"
+    assert not any("placeto" in w for w in recommend_order(onnx_model, "k80x3").warnings)
+
+
 def test_warns_when_the_model_learned_from_another_placer(onnx_model):
     model_dir = str(bundled_model_dir("m_etf"))  # no model of its own: greedy's
     assert model_dir == str(bundled_model_dir())

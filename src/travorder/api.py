@@ -25,7 +25,7 @@ from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.graph.batch import bind_hint
 from travorder.graph.prepare import placed_graph
-from travorder.placement.clusters import Cluster, load_cluster
+from travorder.placement.clusters import PRESETS, Cluster, load_cluster
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
 from travorder.predictor.model import softmax
@@ -201,6 +201,10 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
                                 manifest.get("coarsen_max_nodes", 0))
     row = feature_row(graph_features(prepared), c, features_of(prepared, c, compiled=False))
     warnings = _outside_training_range(row, manifest.get("feature_ranges", {}))
+    rules = {PRESETS[n].semantics for n in manifest.get("clusters", []) if n in PRESETS}
+    if rules and c.semantics not in rules:  # no feature holds the rules: warn here
+        warnings.insert(0, f"cluster {c.name!r} is simulated by {c.semantics}'s rules; "
+                           f"the model learned under {', '.join(sorted(rules))}'s")
     if unknown := g.meta.get("n_unknown_shape_ops", 0):
         symbolic = g.meta.get("symbolic_dims") or []
         warnings.insert(0, f"{unknown} of {g.n_nodes} ops have inputs of unknown shape and "

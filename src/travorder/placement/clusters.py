@@ -43,10 +43,24 @@ _CLUSTER_KEYS = ("name", "description", "link_model", "busy_after_us", "param_co
 _NO_LINKS = MappingProxyType({"bandwidth": math.inf, "latency": 0.0})
 
 
+#: The most devices a cluster may have: the simulator's link matrices and per-device
+#: tables grow with the square, and no placement study places across more.
+MAX_DEVICES = 1024
+
+
 def _number(value: Any, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TravorderError(f"{what} must be a number, got {value!r}")
-    return float(value)
+        raise TravorderError(f"{what} must be a number, got {_short(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise TravorderError(f"{what} is too large for a float: {_short(value)}") from None
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to 60 characters (a 400-digit number stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
 
 
 @dataclass(frozen=True)
@@ -95,8 +109,18 @@ def _null_as_inf(value: Any) -> Any:
 
 
 def _pair_matrix(value: Any, n: int, what: str) -> np.ndarray:
+    if isinstance(value, list | tuple):  # each entry a number: not true, "5" or None
+        a = np.array([[_number(x, what) for x in row] if isinstance(row, list | tuple)
+                      else _number(row, what) for row in value], dtype=object)
+    elif isinstance(value, np.ndarray):
+        if value.dtype.kind not in "iuf":
+            raise TravorderError(f"{what} must be a number or a {n}x{n} matrix of numbers, "
+                                 f"got an array of {value.dtype}")
+        a = value
+    else:
+        a = _number(value, what)
     try:
-        a = np.asarray(value, dtype=np.float64)
+        a = np.asarray(a, dtype=np.float64)
     except (TypeError, ValueError):
         raise TravorderError(f"{what} must be a number or a {n}x{n} matrix of numbers"
                              ) from None
@@ -136,10 +160,16 @@ class Cluster:
     semantics: str = "travorder"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TravorderError(f"cluster name must be a non-empty string, got "
+                                 f"{_short(self.name)}")
         where = f"cluster {self.name!r}"
         devices = tuple(self.devices)
         if not devices:
             raise TravorderError(f"{where} has no devices")
+        if len(devices) > MAX_DEVICES:
+            raise TravorderError(f"{where} has {len(devices)} devices; at most "
+                                 f"{MAX_DEVICES} are supported")
         if not all(isinstance(d, Device) for d in devices):
             raise TravorderError(f"{where}: devices must be Device objects")
         names = [d.name for d in devices]
@@ -260,14 +290,18 @@ class Cluster:
                 continue
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise TravorderError(f"device {entry['name']!r}: count must be a positive "
-                                     f"integer, got {count!r}")
+                                     f"integer, got {_short(count)}")
+            if len(devices) + count > MAX_DEVICES:
+                raise TravorderError(f"device {entry['name']!r}: count {_short(count)} "
+                                     f"makes more than {MAX_DEVICES} devices, the most "
+                                     f"supported")
             devices.extend(Device(**{**spec, "name": f"{entry['name']}:{i}"})
                            for i in range(count))
         if links is _NO_LINKS and len(devices) > 1:
             raise TravorderError(f"cluster is missing 'links' (the bandwidth and latency "
                                  f"between its {len(devices)} devices)")
         return cls(
-            name=str(data["name"]), devices=tuple(devices),
+            name=data["name"], devices=tuple(devices),
             bandwidth=_null_as_inf(links["bandwidth"]), latency=links["latency"],
             link_model=data.get("link_model", "link"),
             busy_after_us=data.get("busy_after_us", 0.0),
@@ -295,6 +329,9 @@ def _read_cluster_file(path: Path) -> Cluster:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise FormatError(f"cannot read cluster file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise FormatError(f"cluster file {str(path)!r} is not UTF-8 text (byte "
+                          f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
@@ -335,7 +372,7 @@ def load_cluster(name_or_path: str | Path | Cluster) -> Cluster:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
     if path.suffix.lower() in (".toml", ".json"):
-        if not path.is_file():
+        if not path.exists():
             raise FormatError(f"no such cluster file {str(path)!r}")
         return _read_cluster_file(path)
     raise TravorderError(f"unknown cluster {str(name_or_path)!r}: not a preset "
