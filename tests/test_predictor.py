@@ -696,6 +696,9 @@ def test_every_order_tied_names_the_safest_and_no_runner_up(capsys, model_dir, o
     assert code == 0
     assert f"(first: {safest}, the safest: lowest mean regret in training)" in out
     assert f"runner-up:         none: all {len(ORDERS)} orders are tied" in out
+    assert rec.runner_up is None and math.isnan(rec.runner_up_regret)
+    code, out, _ = _run(capsys, onnx_model, "--predictor", str(wide), "--json")
+    assert code == 0 and json.loads(out)["runner_up"] is None
 
 
 def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_model):
@@ -857,7 +860,8 @@ def test_warns_that_orders_cannot_differ_on_one_device(capsys, onnx_model, tmp_p
     assert rec.warnings == ["cluster 'one' has one device: every order gives the same "
                             "placement"]
     assert sorted(rec.tied) == sorted(rec.expected_regret) and rec.tie_margin == 0.0
-    assert set(rec.expected_regret.values()) == {0.0} and rec.runner_up_regret == 0.0
+    assert set(rec.expected_regret.values()) == {0.0} and rec.runner_up is None
+    assert math.isnan(rec.runner_up_regret) and math.isnan(rec.runner_up_probability)
     assert len(set(rec.probabilities.values())) == 1  # known, not predicted
     save_cluster(one, tmp_path / "one.toml")
     for check in ([], ["--verify", "2"], ["--budget", "0"]):  # nothing to check
@@ -867,6 +871,10 @@ def test_warns_that_orders_cannot_differ_on_one_device(capsys, onnx_model, tmp_p
             "the one device" in out
         assert "runner-up:         none: all 11 orders are tied" in out  # the model knows 3
         assert "regret" not in out and "outside the training data" not in out
+        code, out, _ = _run(capsys, onnx_model, "--cluster", str(tmp_path / "one.toml"),
+                            "--json", *check)
+        doc = json.loads(out)
+        assert code == 0 and doc["runner_up"] is None and doc["runner_up_regret"] is None
 
 
 def test_checks_over_memory_and_of_zero_time(model_dir, onnx_model, monkeypatch, capsys):

@@ -50,9 +50,10 @@ class Recommendation:
     checked one; ``tied``: the orders that are as good within noise ("any of"), ``order``
     first, and ``tie_margin`` how far apart they are at most (relative); ``probability``:
     the predictor's probability that ``order`` is the best (NaN, ``null`` in JSON, for an
-    order the model does not know, which ``budget=`` checks too); ``runner_up_regret``: the
-    regret of the next order outside the tied set (measured when both were checked; when
-    every order is tied, of the second tied order);
+    order the model does not know, which ``budget=`` checks too); ``runner_up``: the next
+    order outside the tied set (None, ``null`` in JSON, when every order is tied; its
+    probability and regret are then NaN); ``runner_up_regret``: its regret (measured when
+    both were checked);
     ``confidence``: ``"high"`` or ``"low"`` (a recommendation checked against no other
     order whose probability is under one half or whose graph or cluster lies outside the
     training data); ``warnings``: the features outside the training data's range (on a
@@ -75,7 +76,7 @@ class Recommendation:
 
     order: str
     probability: float
-    runner_up: str
+    runner_up: str | None
     runner_up_probability: float
     runner_up_regret: float
     probabilities: dict[str, float]
@@ -261,8 +262,10 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
 
             tied += [o for o in ORDERS if o not in tied]
     best = ranked[0]
-    second = next((o for o in ranked if o not in tied), ranked[1])
-    if verified is None or second not in verified:
+    second = next((o for o in ranked if o not in tied), None)
+    if second is None:  # every order tied: no runner-up
+        runner_up_regret = math.nan
+    elif verified is None or second not in verified:
         runner_up_regret = expected[second]
     elif second in over_memory and best not in over_memory:
         runner_up_regret = math.inf  # faster maybe, but it does not fit
@@ -278,7 +281,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
         contributions = {str(est.feature_names_in_[i]): float(contrib[i]) for i in top}
     return Recommendation(
         order=best, probability=probability.get(best, math.nan), runner_up=second,
-        runner_up_probability=probability.get(second, math.nan),
+        runner_up_probability=math.nan if second is None else probability.get(second,
+                                                                               math.nan),
         runner_up_regret=runner_up_regret, probabilities=probability,
         expected_regret=expected, graph=g.name, n_nodes=placed.n_nodes, cluster=c.name,
         model=description, tied=tied, tie_margin=margin,

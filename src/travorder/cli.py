@@ -1121,7 +1121,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     regret = f"{100 * rec.runner_up_regret:.1f}%"
     how = f"measured regret {regret}" if checked and rec.runner_up in rec.verified \
         else f"expected regret {regret}" + (", not checked" if checked else "")
-    if rec.runner_up in rec.tied:
+    if rec.runner_up is None:
         print(f"runner-up:         none: all {len(rec.tied)} orders are tied")
     elif rec.runner_up_regret == math.inf:
         print(f"runner-up:         {rec.runner_up}  (its placement does not fit in memory)")
