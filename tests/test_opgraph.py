@@ -11,8 +11,12 @@ import pytest
 from hypothesis import given, settings
 
 from travorder.errors import FormatError, GraphError, TravorderError
-from travorder.graph import OpGraph, load_graph, save_graph
+from travorder.featurize import graph_features
+from travorder.graph import OpGraph, coarsen, load_graph, save_graph, training_graph
 from travorder.graph.native import FORMAT_VERSION, graph_to_dict
+from travorder.placement import Simulator, simulate
+from travorder.placement.orders import traversal_order
+from travorder.placement.placers import place_graph
 
 from .strategies import random_dags
 
@@ -112,6 +116,35 @@ def test_native_file_round_trip(tmp_path):
     assert back.node_records() == g.node_records()
     save_graph(g, tmp_path / "again.json.gz")  # deterministic bytes
     assert path.read_bytes() == (tmp_path / "again.json.gz").read_bytes()
+
+
+def test_save_graph_refuses_what_it_could_not_read_back(tmp_path):
+    with pytest.raises(TravorderError, match=r"give a file name ending in \.json\.gz, not "):
+        save_graph(diamond(), tmp_path / "d.onnx")  # would not be ONNX
+    with pytest.raises(GraphError, match="a graph of no nodes cannot be saved"):
+        save_graph(OpGraph([], [], []), tmp_path / "empty.json.gz")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: save_graph(x, "g.json.gz"), training_graph, lambda x: coarsen(x, 4),
+    graph_features, lambda x: simulate(x, [0], "k80x3"), lambda x: Simulator(x, "k80x3"),
+    lambda x: traversal_order(x, "topo"), lambda x: place_graph(x, "k80x3"),
+])
+def test_functions_of_a_graph_name_what_they_take(call, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(TravorderError, match=r"takes an OpGraph, not str 'm.onnx': read a "
+                                             r"file with travorder.load_graph$"):
+        call("m.onnx")
+    with pytest.raises(TravorderError, match=r"takes an OpGraph, not NoneType$"):
+        call(None)
+    assert not list(tmp_path.iterdir())
+
+
+def test_training_graph_refuses_a_factor_that_is_no_number():
+    for bad in ("2", True, float("nan"), -1.0):
+        with pytest.raises(GraphError, match="backward_flops_factor must be a finite number"):
+            training_graph(diamond(), backward_flops_factor=bad)
 
 
 def test_native_file_with_other_version_is_refused(tmp_path):

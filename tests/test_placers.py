@@ -308,6 +308,13 @@ def test_placement_file_errors(tmp_path) -> None:
     with pytest.raises(TravorderError, match=r"placement is for 2 devices, cluster 'k80x3' "
                                              r"has 3"):
         load_placement(path, CHAINS, load_cluster("k80x3"))
+    with pytest.raises(TravorderError, match="cluster 'k80x3' has 3"):  # a preset's name
+        load_placement(path, CHAINS, "k80x3")
+    with pytest.raises(TravorderError, match="load_placement takes an OpGraph, not str"):
+        load_placement(path, "chains.onnx")
+    with pytest.raises(TravorderError, match="save_placement takes a PlacementResult"):
+        save_placement(np.zeros(6), CHAINS, cluster(), tmp_path / "bad.json")
+    assert not (tmp_path / "bad.json").exists()
     doc = json.loads(path.read_text())
 
     def write(**changes: object) -> None:

@@ -183,10 +183,9 @@ def cmd_info(args: argparse.Namespace) -> None:
 
 def cmd_convert(args: argparse.Namespace) -> None:
     from travorder.graph import save_graph
+    from travorder.graph.native import check_native_path
 
-    if not args.out.lower().endswith(".json.gz"):
-        raise TravorderError(f"convert writes travorder's gzipped JSON: give a file name "
-                             f"ending in .json.gz, not {args.out!r}")
+    check_native_path(args.out)
     _check_out(args.out, args.model)
     g = _load(args.model, args.dims, training=args.training)
     save_graph(g, args.out)

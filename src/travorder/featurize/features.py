@@ -29,6 +29,7 @@ import numpy as np
 from travorder.errors import GraphError
 from travorder.featurize.optypes import OP_CATEGORIES, op_categories
 from travorder.graph import OpGraph
+from travorder.graph.opgraph import check_graph
 
 #: Version of the feature definitions; bump it on any change to `FEATURE_NAMES` or to
 #: what a feature means.
@@ -107,7 +108,7 @@ def graph_features(g: OpGraph) -> dict[str, float]:
 
     Raises :class:`~travorder.errors.GraphError` for a graph without nodes.
     """
-    n, m = g.n_nodes, g.n_edges
+    n, m = check_graph(g, "graph_features").n_nodes, g.n_edges
     if n == 0:
         raise GraphError("cannot featurize a graph without nodes")
     lev = g.levels

@@ -69,7 +69,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from travorder.errors import GraphError
-from travorder.graph.opgraph import OpGraph, _frozen
+from travorder.graph.opgraph import OpGraph, _frozen, check_graph
 from travorder.graph.pipeline import unpipelined_meta
 
 #: Op types (compared case-insensitively) that phase 1 fuses into their producer.
@@ -348,6 +348,7 @@ def coarsen(g: OpGraph, max_nodes: int) -> Coarsening:
 
     Returns the identity mapping with ``graph`` = ``g`` itself if ``g`` is small enough.
     """
+    check_graph(g, "coarsen")
     try:
         max_nodes = operator.index(max_nodes)
     except TypeError:

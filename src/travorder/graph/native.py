@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, check_format, write_file
-from travorder.graph.opgraph import OpGraph
+from travorder.errors import FormatError, GraphError, TravorderError, check_format, write_file
+from travorder.graph.opgraph import OpGraph, check_graph
 
 FORMAT_NAME = "travorder.opgraph"
 FORMAT_VERSION = 1
@@ -96,8 +96,21 @@ def _column(doc: dict[str, Any], table: str, column: str, source: str) -> Any:
     return array.astype(np.int64) if kind == "i" else array
 
 
+def check_native_path(path: str | os.PathLike[str]) -> None:
+    """Refuse a file name that does not end in ``.json.gz`` (a graph saved as ``g.onnx``
+    would not be ONNX)."""
+    if not os.fspath(path).lower().endswith(".json.gz"):
+        raise TravorderError(f"travorder graphs are gzipped JSON: give a file name ending "
+                             f"in .json.gz, not {os.fspath(path)!r}")
+
+
 def save_graph(g: OpGraph, path: str | os.PathLike[str]) -> None:
-    """Write ``g`` to ``path`` (gzipped JSON), atomically: no half-written file on error."""
+    """Write ``g`` to ``path`` (gzipped JSON, a name ending in ``.json.gz``), atomically:
+    no half-written file on error."""
+    check_graph(g, "save_graph")
+    check_native_path(path)
+    if not g.n_nodes:
+        raise GraphError("a graph of no nodes cannot be saved: a graph file holds at least one")
     data = json.dumps(graph_to_dict(g), separators=(",", ":")).encode()
     # No name, no time in the gzip header: same graph, same bytes.
     write_file(path, gzip.compress(data, mtime=0), "graph")

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import GraphError
+from travorder.errors import GraphError, TravorderError
 
 if TYPE_CHECKING:  # networkx is imported where it is used: loading graphs needs none
     import networkx as nx
@@ -420,6 +420,22 @@ class OpGraph:
         return self.graph_hash == other.graph_hash and dict(self.meta) == dict(other.meta)
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def check_graph(g: Any, caller: str) -> OpGraph:
+    """``g``, which ``caller`` takes, if it is an `OpGraph`; else a `TravorderError` that
+    says what to do with a file name.
+
+    >>> check_graph("model.onnx", "coarsen")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    travorder.errors.TravorderError: coarsen takes an OpGraph, not str 'model.onnx': ...
+    """
+    if isinstance(g, OpGraph):
+        return g
+    hint = (f" {str(g)!r}: read a file with travorder.load_graph"
+            if isinstance(g, str) or hasattr(g, "__fspath__") else "")
+    raise TravorderError(f"{caller} takes an OpGraph, not {type(g).__name__}{hint}")
 
 
 def colocation_groups(graph: OpGraph, colocate: bool = True) -> np.ndarray:

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from travorder.errors import GraphError
-from travorder.graph.opgraph import OpGraph, own_groups
+from travorder.graph.opgraph import OpGraph, check_graph, own_groups
 
 #: Separator between an op's name and its micro-batch in a pipelined graph.
 MICRO_BATCH_SEP = "/mb"
@@ -62,6 +62,7 @@ def unpipelined_meta(meta: dict[str, object]) -> dict[str, object]:
 
 def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
     """``g`` (a training step) as a pipeline of ``m`` micro-batches (module docstring)."""
+    check_graph(g, "pipeline_graph")
     if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
         raise GraphError(f"micro-batches must be an integer >= 1, got {m!r}")
     if micro_batches(g) > 1:

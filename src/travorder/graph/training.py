@@ -33,11 +33,12 @@ True
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import numpy as np
 
 from travorder.errors import GraphError
-from travorder.graph.opgraph import OpGraph, own_groups
+from travorder.graph.opgraph import OpGraph, check_graph, own_groups
 from travorder.graph.pipeline import micro_batches
 
 #: Suffix of a backward op's name (a number is appended if it would clash).
@@ -60,9 +61,13 @@ def training_graph(g: OpGraph, *, backward_flops_factor: float = 2.0) -> OpGraph
     ``time_us`` relative to its forward op. Returns ``g`` itself if it already has
     backward ops. The result's ``meta`` has ``training: True``.
     """
-    if not (math.isfinite(backward_flops_factor) and backward_flops_factor >= 0):
+    check_graph(g, "training_graph")
+    if isinstance(backward_flops_factor, bool) or not isinstance(
+            backward_flops_factor, Real) or not (
+            math.isfinite(backward_flops_factor) and backward_flops_factor >= 0):
         raise GraphError(
-            f"backward_flops_factor must be finite and >= 0, not {backward_flops_factor}"
+            f"backward_flops_factor must be a finite number >= 0, not "
+            f"{backward_flops_factor!r}"
         )
     if g.is_backward.any():
         return g

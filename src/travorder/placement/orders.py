@@ -28,7 +28,7 @@ import numpy as np
 
 from travorder.errors import TravorderError, check_seed
 from travorder.graph import OpGraph
-from travorder.graph.opgraph import kahn_order
+from travorder.graph.opgraph import check_graph, kahn_order
 from travorder.graph.pipeline import expand_order, micro_batch_graph, micro_batches
 
 OrderFn = Callable[[OpGraph, int], np.ndarray]
@@ -226,7 +226,7 @@ def traversal_order(g: OpGraph, name: str, seed: int = 0) -> np.ndarray:
     for an unknown order or a seed that is not a non-negative int.
     """
     seed = check_seed(seed)
-    m = micro_batches(g)
+    m = micro_batches(check_graph(g, "traversal_order"))
     if m == 1:
         return get_order(name)(g, seed)
     return expand_order(get_order(name)(micro_batch_graph(g), seed), g.n_nodes // m, m)

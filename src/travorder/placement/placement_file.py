@@ -46,6 +46,7 @@ from travorder.errors import (
     write_file,
 )
 from travorder.graph import OpGraph
+from travorder.graph.opgraph import check_graph
 from travorder.graph.pipeline import micro_batches
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.placement.placers import PlacementResult
@@ -132,7 +133,10 @@ def save_placement(result: PlacementResult, graph: OpGraph, cluster: str | Clust
                    path: str | os.PathLike[str]) -> None:
     """Write `result` (a placement of `graph`, the graph placed, on `cluster`) as a
     placement file."""
-    doc = placement_doc(result, graph, cluster)
+    if not isinstance(result, PlacementResult):
+        raise TravorderError(f"save_placement takes a PlacementResult (from place or "
+                             f"place_graph), not {type(result).__name__}")
+    doc = placement_doc(result, check_graph(graph, "save_placement"), cluster)
     write_file(path, json_text(doc, indent=1) + "\n", "placement file")
 
 
@@ -165,7 +169,8 @@ def _count(v: Any) -> bool:
 
 
 def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
-                   cluster: Cluster | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+                   cluster: str | os.PathLike[str] | Cluster | None = None
+                   ) -> tuple[np.ndarray, dict[str, Any]]:
     """Read a placement file: ``(device per node as int64, the whole document)``.
 
     Given `graph`, the file must be for that graph (same `graph_hash`) and the array
@@ -174,6 +179,10 @@ def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
     :class:`~travorder.errors.FormatError` (the file) or
     :class:`~travorder.errors.TravorderError` (a mismatch).
     """
+    if graph is not None:
+        check_graph(graph, "load_placement")
+    if cluster is not None:
+        cluster = load_cluster(cluster)
     path = Path(path)
     doc = _read(path)
     mapping: dict[str, Any] = doc["placement"]

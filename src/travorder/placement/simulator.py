@@ -21,6 +21,7 @@ A cluster with ``semantics = "placeto"`` is simulated by Placeto's rules instead
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -32,7 +33,14 @@ from numba.extending import intrinsic
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
-from travorder.placement.clusters import LINK_MODELS, Cluster, compute_times, work_times
+from travorder.graph.opgraph import check_graph
+from travorder.placement.clusters import (
+    LINK_MODELS,
+    Cluster,
+    compute_times,
+    load_cluster,
+    work_times,
+)
 
 if TYPE_CHECKING:
     from travorder.placement.timeline import Timeline
@@ -167,9 +175,9 @@ class Simulator:
     (27.0, 18.0)
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster) -> None:
-        self.graph = graph
-        self.cluster = cluster
+    def __init__(self, graph: OpGraph, cluster: Cluster | str | os.PathLike[str]) -> None:
+        self.graph = graph = check_graph(graph, "Simulator")
+        self.cluster = cluster = load_cluster(cluster)  # a preset name or file too
         self.compute_us = compute_times(graph, cluster)
         n = graph.n_nodes
         rank = tie_rank(graph)
@@ -272,9 +280,11 @@ class Simulator:
         return BatchResult(*batch(p, self._capacity, *self._args))
 
 
-def simulate(graph: OpGraph, placement: Any, cluster: Cluster) -> SimResult:
-    """Simulate one training step of ``graph`` placed by ``placement`` on ``cluster``."""
-    return Simulator(graph, cluster).run(placement)
+def simulate(graph: OpGraph, placement: Any, cluster: Cluster | str | os.PathLike[str]
+             ) -> SimResult:
+    """Simulate one training step of ``graph`` placed by ``placement`` on ``cluster`` (a
+    `Cluster`, preset name or cluster file)."""
+    return Simulator(check_graph(graph, "simulate"), cluster).run(placement)
 
 
 def _name_rank(graph: OpGraph) -> np.ndarray:

@@ -35,6 +35,7 @@ import numpy as np
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
+from travorder.graph.opgraph import check_graph
 from travorder.placement.clusters import Cluster, load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers.baechi import m_etf, m_sct, m_topo
@@ -193,6 +194,7 @@ def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
     Raises TravorderError for an unknown placer, order or option.
     """
     cluster = load_cluster(cluster)
+    check_graph(graph, "place_graph")
     fn = get_placer(placer)
     _check_options(placer, fn, options)
     t0 = time.perf_counter()
