@@ -200,7 +200,7 @@ def test_meta_and_load_graph_dispatch(tmp_path):
     g = load_graph(path)
     assert g.meta["name"] == "cnn" and g.meta["source"] == str(path)
     assert g.meta["importer"] == "onnx" and g.meta["opset"] == 17
-    assert read_onnx(path.read_bytes()).meta["source"] == "memory"
+    assert read_onnx(path.read_bytes()).meta["source"] == "<in-memory ONNX model>"
     assert read_onnx(path, name="x").name == "x"
 
 
@@ -349,9 +349,13 @@ def test_symbolic_dims_reported_and_bound():
     bound = read_onnx(model, dims={"batch": 4})
     assert bound.meta["n_unknown_shape_ops"] == 0 and bound.meta["symbolic_dims"] == []
     assert bound.flops.tolist() == [12] and bound.meta["batch_size"] == 4
-    with pytest.raises(TravorderError, match="no symbolic input dimension named seq to bind "
-                       r"\(the model has: batch\)"):
+    with pytest.raises(TravorderError, match="^<in-memory ONNX model>: no symbolic input "
+                       r"dimension named seq to bind \(the model has: batch\)"):
         read_onnx(model, dims={"seq": 4})
+    for key in (1, ""):
+        with pytest.raises(TravorderError, match=r"dims must map symbolic dimension names "
+                                                 rf"\(strings\) .* got the key {key!r}$"):
+            read_onnx(model, dims={key: 8})
     with pytest.raises(TravorderError, match=r"dims must map symbolic dimension names to "
                                              r"integers, e.g. \{'batch': 8\}, not \['batch'\]"):
         read_onnx(model, dims=["batch"])
@@ -451,7 +455,7 @@ def test_bad_files_give_one_clear_line(tmp_path, label, make, message):
 
 
 def test_bad_bytes_and_empty_model_in_memory():
-    with pytest.raises(FormatError, match="memory: not an ONNX model"):
+    with pytest.raises(FormatError, match="^<in-memory ONNX model>: not an ONNX model"):
         read_onnx(b"\x0a\xff\xff")
     with pytest.raises(FormatError, match="no graph nodes"):
         read_onnx(onnx.ModelProto())

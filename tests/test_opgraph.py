@@ -72,11 +72,41 @@ def test_arrays_and_attributes_are_read_only():
         ([{"name": "a", "output_bytes": float("inf")}], [], "output_bytes must be finite"),
         ([{"name": "a", "time_us": -2.0}], [], "time_us must be finite"),
         ([{"name": "a"}, {"name": "b"}], [("a", "b", -5)], "edge_bytes must be finite"),
+        (["a"], [], "node record 0 must be a mapping with a 'name', got 'a'"),
+        ([{"nam": "a"}], [], "node record 0 must be a mapping with a 'name'"),
+        ([{"name": "a"}, {"name": "b"}], [("a",)], r"an edge is \(src, dst\), "),
+        ([{"name": "a"}, {"name": "b"}], [{"from": "a", "to": "b"}], "mapping with 'src'"),
+        ([{"name": "a"}, {"name": "b"}], [("a", "b", "big")], "edge_bytes must be numbers"),
+        ([{"name": "a", "output_bytes": "x"}], [], "output_bytes must be numbers"),
+        ([{"name": "a", "flops": "1e3"}], [], "flops must be numbers: got '1e3'"),
+        ([{"name": "a", "flops": True}], [], "flops must be numbers: got True"),
+        ([{"name": "a", "colocation": 1.5}], [], "colocation groups must be integers, got 1.5"),
+        ([{"name": "a", "is_backward": "no"}], [], "is_backward must be true/false"),
     ],
 )
 def test_invalid_graphs_raise_one_clear_error(nodes, edges, message):
     with pytest.raises(GraphError, match=message):
         OpGraph.from_records(nodes, edges)
+
+
+def test_meta_is_plain_and_checked(tmp_path):
+    g = OpGraph(["a"], [], [], meta={"batch_size": np.int64(8), "dims": {"b": np.int32(2)}})
+    assert type(g.meta["batch_size"]) is int and type(g.meta["dims"]["b"]) is int
+    save_graph(g, tmp_path / "g.json.gz")  # JSON: no numpy scalars left
+    assert load_graph(tmp_path / "g.json.gz") == g
+    with pytest.raises(GraphError, match="meta must be a mapping, not list"):
+        OpGraph(["a"], [], [], meta=[1])
+    doc = graph_to_dict(g)
+    doc["meta"]["batch_size"] = -1
+    path = tmp_path / "bad.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    with pytest.raises(GraphError, match=r"bad\.json\.gz: meta batch_size must be a positive"):
+        load_graph(path)
+
+
+def test_an_undirected_networkx_graph_is_refused():
+    with pytest.raises(GraphError, match="an undirected graph does not say which op feeds"):
+        OpGraph.from_networkx(nx.path_graph(3))
 
 
 def test_edge_indices_out_of_range():
@@ -86,7 +116,7 @@ def test_edge_indices_out_of_range():
 
 @pytest.mark.parametrize(("src", "dst"), [([0], [1.5]), ([True], [1]), ([0.5], [1])])
 def test_edge_indices_that_are_not_integers(src, dst):
-    with pytest.raises(GraphError, match="must be node indices \\(integers\\)"):
+    with pytest.raises(GraphError, match=r"edge endpoints \(node indices\) must be integers, got"):
         OpGraph(["a", "b"], src, dst)  # 1.5 is no node, not node 1
     assert OpGraph(["a", "b"], [0.0], [1.0]).n_edges == 1  # a whole number is one
 

@@ -43,6 +43,13 @@ FORK = OpGraph(["r", "b", "a"], [0, 0], [1, 2], time_us=[10.0] * 3,
                edge_bytes=[0.0, 3000.0], meta={"name": "fork"})
 
 
+def test_a_numpy_seed_gives_a_result_that_writes_as_json() -> None:
+    r = place_graph(CHAINS, cluster(), placer="random", seed=np.int64(3))
+    assert type(r.seed) is int and json.loads(json.dumps(r.to_dict()))["seed"] == 3
+    same = place_graph(CHAINS, cluster(), placer="random", seed=3)
+    assert r.placement.tolist() == same.placement.tolist()
+
+
 def test_greedy_puts_independent_chains_apart() -> None:
     r = place_graph(CHAINS, cluster(), placer="greedy", order="topo")
     assert r.placement.tolist() == [0, 0, 0, 1, 1, 1]

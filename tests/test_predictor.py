@@ -828,6 +828,12 @@ def test_warns_when_the_graph_lies_outside_the_training_data(capsys, model_dir, 
     assert code == 0 and "to be sure" not in out  # checked: nothing to suggest
 
 
+def test_a_predictor_that_is_no_directory_name_is_refused(onnx_model):
+    for bad in (3, ["dir"]):
+        with pytest.raises(TravorderError, match="a predictor is a model directory, not "):
+            recommend_order(onnx_model, predictor=bad)
+
+
 def test_warns_when_the_cluster_has_rules_the_model_did_not_learn(onnx_model):
     rec = recommend_order(onnx_model, "k80x3-placeto")  # the bundled model: k80x3 and more
     assert rec.warnings[0] == ("cluster 'k80x3-placeto' is simulated by placeto's rules; "

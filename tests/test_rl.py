@@ -440,6 +440,8 @@ def test_config_presets_and_options() -> None:
     assert (c.lr, c.colocate, c.encoder) == (0.01, False, "sage")
     assert RLConfig(lr=1).lr == 1.0 and isinstance(RLConfig(lr=1).lr, float)
     assert RLConfig(colocate=0).colocate is False  # `-O colocate=0` arrives as an int
+    numpy = RLConfig(episodes=np.int64(3), lr=np.float32(0.5), colocate=np.bool_(False))
+    assert (type(numpy.episodes), numpy.lr, numpy.colocate) == (int, 0.5, False)
 
 
 @pytest.mark.parametrize(("options", "message"), [

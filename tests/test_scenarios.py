@@ -4,6 +4,7 @@ single-device floor and construction ties."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 
@@ -166,10 +167,14 @@ def test_batch_bad_input():
         scale_batch(_train(g), 8)  # its weight gradients would scale with the batch
     step = _train(g)
     assert step.meta["batch_size"] != 8 and scale_batch(step, step.meta["batch_size"]) is step
-    for recorded in ("big", [1], -2, True):
-        with pytest.raises(GraphError, match=f"records batch_size {re.escape(repr(recorded))}, "
-                                             f"not a positive number"):
-            scale_batch(g.replace(meta={"batch_size": recorded}), 8)
+    for recorded in ("big", [1], -2, True, 0, math.nan):  # refused when the graph is made
+        with pytest.raises(GraphError, match=r"meta batch_size must be a positive number "
+                                             rf"\(None: not recorded\), got "
+                                             rf"{re.escape(repr(recorded))}$"):
+            g.replace(meta={"batch_size": recorded})
+    numpy = g.replace(meta={"batch_size": np.int64(4)})
+    assert type(numpy.meta["batch_size"]) is int and numpy.meta["batch_size"] == 4
+    assert scale_batch(numpy, 8) == scale_batch(g.replace(meta={"batch_size": 4}), 8)
 
 
 def test_more_micro_batches_than_samples_are_refused_before_pipelining():

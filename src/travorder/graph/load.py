@@ -56,6 +56,9 @@ def check_dims(dims: object) -> None:
         raise DimsError(f"dims must map symbolic dimension names to integers, e.g. "
                         f"{{'batch': 8}}, not {dims!r}")
     for name, value in dims.items():
+        if not isinstance(name, str) or not name:
+            raise DimsError(f"dims must map symbolic dimension names (strings) to integers, "
+                            f"e.g. {{'batch': 8}}, got the key {name!r}")
         if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
             raise DimsError(f"symbolic dimension {name} must be bound to an integer >= 1, "
                             f"not {value!r}")

@@ -98,7 +98,7 @@ def read_onnx(
     params.update(t.values.name for t in graph.sparse_initializer)
     params.update(n.output[0] for n in graph.node if _is_constant(n))
     if name is None:
-        name = (Path(where).stem if where != "memory" else "") or graph.name or "model"
+        name = (Path(where).stem if where != IN_MEMORY else "") or graph.name or "model"
     meta = {"name": name, "source": where, "importer": "onnx",
             "opset": next((o.version for o in model.opset_import
                            if o.domain in ("", "ai.onnx")), None),
@@ -109,11 +109,16 @@ def read_onnx(
 
 
 # ------------------------------------------------------------------ loading
+#: What errors name (and ``meta["source"]`` records) for a model given as a ModelProto or
+#: bytes rather than a file.
+IN_MEMORY = "<in-memory ONNX model>"
+
+
 def _load(source: OnnxSource) -> tuple[ModelProto, str]:
     if isinstance(source, ModelProto):
-        model, where = source, "memory"
+        model, where = source, IN_MEMORY
     elif isinstance(source, bytes | bytearray):
-        where = "memory"
+        where = IN_MEMORY
         model = _parse(lambda: onnx.load_from_string(bytes(source)), where)
     else:
         where = str(source)

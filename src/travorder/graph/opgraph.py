@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from functools import cached_property
@@ -44,11 +45,42 @@ def _frozen(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def _int_array(values: Any, what: str, each: str) -> np.ndarray:
+    """``values`` as a flat int64 array; a value that is not a whole number (1.5, True, a
+    string) is a GraphError naming ``what`` and the ``each`` it is for."""
+    try:
+        raw = np.asarray(values).reshape(-1)
+        a = raw.astype(np.int64, copy=False)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise GraphError(f"{what} must be integers: {exc}") from None
+    # Integer arrays (every graph travorder builds) need no check; 1.5 is not node 1.
+    if raw.size and raw.dtype.kind not in "iu" and (raw.dtype.kind not in "f"
+                                                    or np.any(raw != a)):
+        bad = 0 if raw.dtype.kind != "f" else int(np.flatnonzero(raw != a)[0])
+        raise GraphError(f"{what} must be integers, got {raw[bad].item()!r} for {each} {bad}")
+    return a
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with numpy scalars as Python numbers, in lists and dicts too (metadata
+    is written as JSON)."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
 def _float_array(values: Any, n: int, field: str, default: float = 0.0) -> np.ndarray:
     if values is None:
         return np.full(n, default, dtype=np.float64)
     try:
-        a = np.asarray(values, dtype=np.float64)
+        raw = np.asarray(values)
+        if raw.dtype.kind in "bSU":  # True, "5": numbers in name only
+            raise ValueError(f"got {raw.reshape(-1)[0].item()!r}")
+        a = raw.astype(np.float64)
     except (TypeError, ValueError) as exc:
         raise GraphError(f"{field} must be numbers: {exc}") from None
     if a.shape != (n,):
@@ -116,17 +148,8 @@ class OpGraph:
         if len(ops) != n:
             raise GraphError(f"op_types has {len(ops)} values for {n} nodes")
 
-        try:
-            raw = [np.asarray(x).reshape(-1) for x in (src, dst)]
-            src_a, dst_a = (r.astype(np.int64, copy=False) for r in raw)
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise GraphError(f"edge endpoints must be node indices: {exc}") from None
-        for r, a in zip(raw, (src_a, dst_a), strict=True):
-            # Integer arrays (every graph travorder builds) need no check; 1.5 is not node 1.
-            if r.size and r.dtype.kind not in "iu" and (r.dtype.kind == "b" or np.any(r != a)):
-                bad = 0 if r.dtype.kind == "b" else int(np.flatnonzero(r != a)[0])
-                raise GraphError(f"edge endpoints must be node indices (integers), got "
-                                 f"{r[bad].item()!r} for edge {bad}")
+        src_a, dst_a = (_int_array(x, "edge endpoints (node indices)", "edge")
+                        for x in (src, dst))
         if src_a.shape != dst_a.shape:
             raise GraphError("src and dst must have the same length")
         m = src_a.size
@@ -159,9 +182,13 @@ class OpGraph:
         if np.any(t[~np.isnan(t)] < 0) or np.any(np.isinf(t)):
             raise GraphError("time_us must be finite and non-negative (NaN for unknown)")
         coloc = (np.full(n, -1, dtype=np.int64) if colocation is None
-                 else np.asarray(colocation, dtype=np.int64))
-        back = (np.zeros(n, dtype=bool) if is_backward is None
-                else np.asarray(is_backward, dtype=bool))
+                 else _int_array(colocation, "colocation groups", "node"))
+        back = np.zeros(n, dtype=bool) if is_backward is None else np.asarray(is_backward)
+        if back.dtype.kind != "b" and not (back.dtype.kind in "iu" and np.all(
+                (back == 0) | (back == 1))):  # "no" would be True
+            raise GraphError(f"is_backward must be true/false per node, got values of "
+                             f"type {back.dtype}")
+        back = back.astype(bool)
         if coloc.shape != (n,) or back.shape != (n,):
             raise GraphError("colocation and is_backward need one value per node")
 
@@ -173,8 +200,15 @@ class OpGraph:
         }
         for field, a in fields.items():
             object.__setattr__(self, field, _frozen(a))
+        if meta is not None and not isinstance(meta, Mapping):
+            raise GraphError(f"meta must be a mapping, not {type(meta).__name__}")
         meta_d = {k: None for k in META_KEYS}
-        meta_d.update(meta or {})
+        meta_d.update(_plain(dict(meta or {})))
+        batch = meta_d["batch_size"]
+        if batch is not None and (isinstance(batch, bool) or not isinstance(batch, int | float)
+                                  or not 0 < batch < math.inf):
+            raise GraphError(f"meta batch_size must be a positive number (None: not "
+                             f"recorded), got {batch!r}")
         object.__setattr__(self, "meta", MappingProxyType(meta_d))
         _ = self.topo_order  # raises GraphError on a cycle
 
@@ -196,21 +230,29 @@ class OpGraph:
         ``output_bytes``.
         """
         nodes = list(nodes)
+        for i, nd in enumerate(nodes):
+            if not isinstance(nd, Mapping) or "name" not in nd:
+                raise GraphError(f"node record {i} must be a mapping with a 'name', got "
+                                 f"{nd!r:.80}")
         names = [nd["name"] for nd in nodes]
         index = {name: i for i, name in enumerate(names)}
         src, dst, eb = [], [], []
         for e in edges:
-            if isinstance(e, Mapping):
+            if isinstance(e, Mapping) and {"src", "dst"} <= set(e):
                 s, d, b = e["src"], e["dst"], e.get("bytes")
-            else:
+            elif isinstance(e, tuple | list) and len(e) in (2, 3):
                 s, d, b = (*e, None) if len(e) == 2 else e
+            else:
+                raise GraphError(f"an edge is (src, dst), (src, dst, bytes) or a mapping "
+                                 f"with 'src' and 'dst', got {e!r:.80}")
             for end in (s, d):
                 if end not in index:
                     raise GraphError(f"edge {s!r} -> {d!r} names unknown node {end!r}")
             src.append(index[s])
             dst.append(index[d])
             eb.append(b)
-        out = [float(nd.get("output_bytes", 0.0)) for nd in nodes]
+        out = _float_array([nd.get("output_bytes", 0.0) for nd in nodes], len(nodes),
+                           "output_bytes").tolist()
         eb = [out[s] if b is None else b for s, b in zip(src, eb, strict=True)]
         t = [nd.get("time_us") for nd in nodes]
         return cls(
@@ -233,6 +275,9 @@ class OpGraph:
         Node attributes as in :meth:`from_records`; edge attribute ``bytes``; graph
         attributes become ``meta``.
         """
+        if not g.is_directed():
+            raise GraphError("an undirected graph does not say which op feeds which: give a "
+                             "networkx.DiGraph")
         nodes = [{**attrs, "name": str(name)} for name, attrs in g.nodes(data=True)]
         edges = [(str(u), str(v), d.get("bytes")) for u, v, d in g.edges(data=True)]
         return cls.from_records(nodes, edges, **dict(g.graph))

@@ -48,6 +48,8 @@ def active_model_dir(path: str | os.PathLike[str] | None = None,
                      placer: str = DEFAULT_PLACER) -> tuple[Path, str]:
     """``(directory, why)``: the predictor to use for ``placer`` and why it was chosen."""
     if path is not None:
+        if not isinstance(path, str | os.PathLike):
+            raise TravorderError(f"a predictor is a model directory, not {path!r}")
         return Path(path), "given"
     env = os.environ.get("TRAVORDER_MODEL")
     if env:

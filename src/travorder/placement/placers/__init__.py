@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import TravorderError
+from travorder.errors import TravorderError, check_seed
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import check_graph
 from travorder.placement.clusters import Cluster, load_cluster
@@ -195,6 +195,7 @@ def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
     """
     cluster = load_cluster(cluster)
     check_graph(graph, "place_graph")
+    seed = check_seed(seed)  # np.int64 too: the result's seed is an int
     fn = get_placer(placer)
     _check_options(placer, fn, options)
     t0 = time.perf_counter()

@@ -107,6 +107,8 @@ class RLConfig:
             kind = {"int": int, "float": float, "str": str, "bool": bool}[f.type]
             if isinstance(value, str) and kind is not str:
                 value = _parse(f.name, value, kind)
+            if isinstance(value, np.integer | np.floating | np.bool_):  # np.int64(3): 3
+                value = value.item()
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
             if kind is bool and type(value) is int and value in (0, 1):  # -O colocate=0
