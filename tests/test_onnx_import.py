@@ -455,7 +455,7 @@ def test_bad_files_give_one_clear_line(tmp_path, label, make, message):
 
 
 def test_bad_bytes_and_empty_model_in_memory():
-    with pytest.raises(FormatError, match="^<in-memory ONNX model>: not an ONNX model"):
+    with pytest.raises(FormatError, match=r"^<in-memory ONNX model>: not an ONNX model"):
         read_onnx(b"\x0a\xff\xff")
     with pytest.raises(FormatError, match="no graph nodes"):
         read_onnx(onnx.ModelProto())

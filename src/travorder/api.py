@@ -11,6 +11,7 @@ True
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -25,7 +26,7 @@ from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.graph.batch import bind_hint
 from travorder.graph.prepare import placed_graph
-from travorder.placement.clusters import PRESETS, Cluster, load_cluster
+from travorder.placement.clusters import PRESETS, Cluster, ClusterSource, load_cluster
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
 from travorder.predictor.model import softmax
@@ -126,8 +127,8 @@ def as_graph(model: Any, example_inputs: Any = None,
                          "path, an OpGraph, an onnx.ModelProto or a torch module")
 
 
-def recommend_order(model: GraphSource | Any, cluster: str | Cluster = "k80x3", *,
-                    example_inputs: Any = None, predictor: str | None = None,
+def recommend_order(model: GraphSource | Any, cluster: ClusterSource = "k80x3", *,
+                    example_inputs: Any = None, predictor: str | os.PathLike[str] | None = None,
                     explain: bool = False, verify: int = 0, budget: float | None = None,
                     placer: str = "greedy", seed: int = 0, batch: int | None = None,
                     micro_batches: int = 1, dims: Mapping[str, int] | None = None
@@ -177,7 +178,8 @@ def user_scenario(batch: int | None, micro_batches: int, manifest: dict[str, Any
     return replace(scenario, name="", coarsen_max_nodes=near.coarsen_max_nodes)
 
 
-def _recommend(g: OpGraph, training: bool, c: Cluster, *, predictor: str | None,
+def _recommend(g: OpGraph, training: bool, c: Cluster, *,
+               predictor: str | os.PathLike[str] | None,
                explain: bool = False, verify: int = 0, budget: float | None = None,
                placer: str = "greedy", seed: int = 0, batch: int | None = None,
                micro_batches: int = 1, options: Mapping[str, Any] | None = None
@@ -347,9 +349,9 @@ def _check(graph: OpGraph, cluster: Cluster, candidates: list[str], placer: str,
     return results
 
 
-def place(model: GraphSource | Any, cluster: str | Cluster = "k80x3", order: str = "auto",
+def place(model: GraphSource | Any, cluster: ClusterSource = "k80x3", order: str = "auto",
           placer: str = "greedy", *, seed: int = 0, example_inputs: Any = None,
-          training: bool = True, predictor: str | None = None, verify: int = 0,
+          training: bool = True, predictor: str | os.PathLike[str] | None = None, verify: int = 0,
           budget: float | None = None, batch: int | None = None, micro_batches: int = 1,
           dims: Mapping[str, int] | None = None, **options: Any) -> PlacementResult:
     """Place ``model`` on ``cluster``; ``order="auto"`` uses the recommended order (checked

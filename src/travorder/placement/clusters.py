@@ -357,7 +357,11 @@ def _load_presets() -> Mapping[str, Cluster]:
 PRESETS: Mapping[str, Cluster] = _load_presets()
 
 
-def load_cluster(name_or_path: str | Path | Cluster) -> Cluster:
+#: What takes the place of a `Cluster` in travorder's calls: a preset name or a file.
+ClusterSource = str | os.PathLike[str] | Cluster
+
+
+def load_cluster(name_or_path: ClusterSource) -> Cluster:
     """A preset by name, or a cluster from a ``.toml`` or ``.json`` file.
 
     >>> load_cluster("v100x4-nvlink").n_devices

@@ -48,7 +48,7 @@ from travorder.errors import (
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import check_graph
 from travorder.graph.pipeline import micro_batches
-from travorder.placement.clusters import Cluster, load_cluster
+from travorder.placement.clusters import ClusterSource, load_cluster
 from travorder.placement.placers import PlacementResult
 
 FORMAT = "travorder.placement"
@@ -84,7 +84,7 @@ def describe_step(step: Mapping[str, Any]) -> str:
                       *(f"dim {k}={v}" for k, v in (step.get("dims") or {}).items())])
 
 
-def placement_doc(result: PlacementResult, graph: OpGraph, cluster: str | Cluster
+def placement_doc(result: PlacementResult, graph: OpGraph, cluster: ClusterSource
                   ) -> dict[str, Any]:
     """The placement file's content as a dict. ``graph`` is the graph placed
     (`travorder.graph.prepare.placed_graph`, the one ``result.graph_hash`` names); the
@@ -129,7 +129,7 @@ def placement_doc(result: PlacementResult, graph: OpGraph, cluster: str | Cluste
     }
 
 
-def save_placement(result: PlacementResult, graph: OpGraph, cluster: str | Cluster,
+def save_placement(result: PlacementResult, graph: OpGraph, cluster: ClusterSource,
                    path: str | os.PathLike[str]) -> None:
     """Write `result` (a placement of `graph`, the graph placed, on `cluster`) as a
     placement file."""
@@ -169,7 +169,7 @@ def _count(v: Any) -> bool:
 
 
 def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
-                   cluster: str | os.PathLike[str] | Cluster | None = None
+                   cluster: ClusterSource | None = None
                    ) -> tuple[np.ndarray, dict[str, Any]]:
     """Read a placement file: ``(device per node as int64, the whole document)``.
 

@@ -21,7 +21,6 @@ A cluster with ``semantics = "placeto"`` is simulated by Placeto's rules instead
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -37,6 +36,7 @@ from travorder.graph.opgraph import check_graph
 from travorder.placement.clusters import (
     LINK_MODELS,
     Cluster,
+    ClusterSource,
     compute_times,
     load_cluster,
     work_times,
@@ -175,7 +175,7 @@ class Simulator:
     (27.0, 18.0)
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster | str | os.PathLike[str]) -> None:
+    def __init__(self, graph: OpGraph, cluster: ClusterSource) -> None:
         self.graph = graph = check_graph(graph, "Simulator")
         self.cluster = cluster = load_cluster(cluster)  # a preset name or file too
         self.compute_us = compute_times(graph, cluster)
@@ -280,8 +280,7 @@ class Simulator:
         return BatchResult(*batch(p, self._capacity, *self._args))
 
 
-def simulate(graph: OpGraph, placement: Any, cluster: Cluster | str | os.PathLike[str]
-             ) -> SimResult:
+def simulate(graph: OpGraph, placement: Any, cluster: ClusterSource) -> SimResult:
     """Simulate one training step of ``graph`` placed by ``placement`` on ``cluster`` (a
     `Cluster`, preset name or cluster file)."""
     return Simulator(check_graph(graph, "simulate"), cluster).run(placement)

@@ -36,7 +36,7 @@ import numpy as np
 from travorder.errors import TravorderError, check_seed
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import check_graph
-from travorder.placement.clusters import Cluster, load_cluster
+from travorder.placement.clusters import Cluster, ClusterSource, load_cluster
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers.baechi import m_etf, m_sct, m_topo
 from travorder.placement.placers.heuristics import (
@@ -181,7 +181,7 @@ def canonical_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
     return rl_options(options) if fn is rl_place else dict(options)
 
 
-def place_graph(graph: OpGraph, cluster: Cluster | str, placer: str = "greedy",
+def place_graph(graph: OpGraph, cluster: ClusterSource, placer: str = "greedy",
                 order: str = "topo", seed: int = 0, *, floor: bool = False,
                 **options: Any) -> PlacementResult:
     """Place `graph` on `cluster` (a `Cluster`, preset name or file) with `placer`, visiting
