@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from travorder.errors import FormatError, GraphError, TravorderError
 from travorder.featurize import graph_features
 from travorder.graph import OpGraph, coarsen, load_graph, save_graph, training_graph
+from travorder.graph.batch import scale_batch
 from travorder.graph.native import FORMAT_VERSION, graph_to_dict
 from travorder.placement import Simulator, simulate
 from travorder.placement.orders import traversal_order
@@ -104,6 +105,11 @@ def test_meta_is_plain_and_checked(tmp_path):
         load_graph(path)
 
 
+def test_an_empty_array_of_strings_is_no_numbers():
+    with pytest.raises(GraphError, match="flops must be numbers: got an array of <U1"):
+        OpGraph([], [], [], flops=np.array([], dtype=str))
+
+
 def test_an_undirected_networkx_graph_is_refused():
     with pytest.raises(GraphError, match="an undirected graph does not say which op feeds"):
         OpGraph.from_networkx(nx.path_graph(3))
@@ -160,6 +166,7 @@ def test_save_graph_refuses_what_it_could_not_read_back(tmp_path):
     lambda x: save_graph(x, "g.json.gz"), training_graph, lambda x: coarsen(x, 4),
     graph_features, lambda x: simulate(x, [0], "k80x3"), lambda x: Simulator(x, "k80x3"),
     lambda x: traversal_order(x, "topo"), lambda x: place_graph(x, "k80x3"),
+    lambda x: scale_batch(x, 4),
 ])
 def test_functions_of_a_graph_name_what_they_take(call, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

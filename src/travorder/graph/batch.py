@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from travorder.errors import GraphError
-from travorder.graph.opgraph import OpGraph
+from travorder.graph.opgraph import OpGraph, check_graph
 
 #: Op types whose cost and output do not depend on the batch size.
 BATCH_INVARIANT_OP_TYPES = frozenset({"Constant", "ConstantOfShape", "Shape", "Size", "Range"})
@@ -46,6 +46,7 @@ def bind_hint(symbolic: list[str]) -> str:
 
 def scale_batch(g: OpGraph, batch: int) -> OpGraph:
     """``g`` re-costed from its recorded ``batch_size`` to ``batch`` (module docstring)."""
+    check_graph(g, "scale_batch")
     if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
         raise GraphError(f"batch must be an integer >= 1, got {batch!r}")
     if g.meta.get("batch_size") == batch:  # already at that batch, training step or not

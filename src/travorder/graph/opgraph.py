@@ -79,7 +79,8 @@ def _float_array(values: Any, n: int, field: str, default: float = 0.0) -> np.nd
     try:
         raw = np.asarray(values)
         if raw.dtype.kind in "bSU":  # True, "5": numbers in name only
-            raise ValueError(f"got {raw.reshape(-1)[0].item()!r}")
+            raise ValueError(f"got {raw.reshape(-1)[0].item()!r}" if raw.size else
+                             f"got an array of {raw.dtype}")
         a = raw.astype(np.float64)
     except (TypeError, ValueError) as exc:
         raise GraphError(f"{field} must be numbers: {exc}") from None
