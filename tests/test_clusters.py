@@ -237,6 +237,11 @@ def test_duplicate_device_names():
         Cluster("dup", (dev, dev), 1.0, 0.0)
 
 
+def test_a_list_of_numpy_rows_is_a_matrix():
+    rows = list(np.full((2, 2), 100.0))
+    assert two_devices(bandwidth=rows) == two_devices()
+
+
 def test_infinite_bandwidth_is_allowed():
     assert two_devices(bandwidth=math.inf).bandwidth[0, 1] == math.inf
 

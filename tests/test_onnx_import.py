@@ -364,6 +364,13 @@ def test_symbolic_dims_reported_and_bound():
             read_onnx(model, dims={"batch": bad})
 
 
+def test_a_batch_dimension_of_minus_one_or_zero_is_no_batch_size():
+    for dim in (-1, 0):
+        model = model_of([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                         [value("x", [dim, 3])], [value("y", None)])
+        assert read_onnx(model).meta["batch_size"] is None
+
+
 # ---------------------------------------------------------------- files
 def test_external_data_missing_still_loads_weight_shapes(tmp_path):
     model = residual_cnn(blocks=1)

@@ -105,6 +105,16 @@ def test_meta_is_plain_and_checked(tmp_path):
         load_graph(path)
 
 
+def test_numpy_rows_and_object_arrays_of_integers_are_taken():
+    g = OpGraph(list("abc"), np.array([0, 1], dtype=object), np.array([1, 2], dtype=object))
+    assert g.n_edges == 2
+    rows = OpGraph.from_records([{"name": x} for x in "abc"], np.array([["a", "b"], ["b", "c"]]))
+    assert rows == OpGraph.from_records([{"name": x} for x in "abc"], [("a", "b"), ("b", "c")])
+    with pytest.raises(GraphError, match="colocation groups must be integers, got None for "
+                                         "node 0"):
+        OpGraph(["a", "b"], [0], [1], colocation=[None, 1])
+
+
 def test_an_empty_array_of_strings_is_no_numbers():
     with pytest.raises(GraphError, match="flops must be numbers: got an array of <U1"):
         OpGraph([], [], [], flops=np.array([], dtype=str))

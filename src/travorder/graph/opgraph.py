@@ -48,17 +48,16 @@ def _frozen(a: np.ndarray) -> np.ndarray:
 def _int_array(values: Any, what: str, each: str) -> np.ndarray:
     """``values`` as a flat int64 array; a value that is not a whole number (1.5, True, a
     string) is a GraphError naming ``what`` and the ``each`` it is for."""
+    raw = np.asarray(values).reshape(-1)
+    if raw.dtype.kind in "iu":  # every graph travorder builds: nothing to check
+        return raw.astype(np.int64, copy=False)
+    for i, v in enumerate(raw.tolist()):  # 1.5 is not node 1, nor True, "1" or None
+        if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v):
+            raise GraphError(f"{what} must be integers, got {v!r} for {each} {i}")
     try:
-        raw = np.asarray(values).reshape(-1)
-        a = raw.astype(np.int64, copy=False)
-    except (TypeError, ValueError, OverflowError) as exc:
+        return raw.astype(np.int64)
+    except OverflowError as exc:
         raise GraphError(f"{what} must be integers: {exc}") from None
-    # Integer arrays (every graph travorder builds) need no check; 1.5 is not node 1.
-    if raw.size and raw.dtype.kind not in "iu" and (raw.dtype.kind not in "f"
-                                                    or np.any(raw != a)):
-        bad = 0 if raw.dtype.kind != "f" else int(np.flatnonzero(raw != a)[0])
-        raise GraphError(f"{what} must be integers, got {raw[bad].item()!r} for {each} {bad}")
-    return a
 
 
 def _plain(value: Any) -> Any:
@@ -69,7 +68,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {k: _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return type(value)(_plain(v) for v in value)
+        return [_plain(v) for v in value]  # as JSON writes it
     return value
 
 
@@ -241,7 +240,7 @@ class OpGraph:
         for e in edges:
             if isinstance(e, Mapping) and {"src", "dst"} <= set(e):
                 s, d, b = e["src"], e["dst"], e.get("bytes")
-            elif isinstance(e, tuple | list) and len(e) in (2, 3):
+            elif not isinstance(e, str | bytes | Mapping) and len(e) in (2, 3):
                 s, d, b = (*e, None) if len(e) == 2 else e
             else:
                 raise GraphError(f"an edge is (src, dst), (src, dst, bytes) or a mapping "

@@ -111,6 +111,7 @@ def _null_as_inf(value: Any) -> Any:
 def _pair_matrix(value: Any, n: int, what: str) -> np.ndarray:
     if isinstance(value, list | tuple):  # each entry a number: not true, "5" or None
         a = np.array([[_number(x, what) for x in row] if isinstance(row, list | tuple)
+                      else row if isinstance(row, np.ndarray) and row.dtype.kind in "iuf"
                       else _number(row, what) for row in value], dtype=object)
     elif isinstance(value, np.ndarray):
         if value.dtype.kind not in "iuf":
