@@ -283,8 +283,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         contributions = {str(est.feature_names_in_[i]): float(contrib[i]) for i in top}
     return Recommendation(
         order=best, probability=probability.get(best, math.nan), runner_up=second,
-        runner_up_probability=math.nan if second is None else probability.get(second,
-                                                                               math.nan),
+        runner_up_probability=probability.get(second, math.nan),  # None: NaN
         runner_up_regret=runner_up_regret, probabilities=probability,
         expected_regret=expected, graph=g.name, n_nodes=placed.n_nodes, cluster=c.name,
         model=description, tied=tied, tie_margin=margin,

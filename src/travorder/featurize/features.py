@@ -108,7 +108,8 @@ def graph_features(g: OpGraph) -> dict[str, float]:
 
     Raises :class:`~travorder.errors.GraphError` for a graph without nodes.
     """
-    n, m = check_graph(g, "graph_features").n_nodes, g.n_edges
+    check_graph(g, "graph_features")
+    n, m = g.n_nodes, g.n_edges
     if n == 0:
         raise GraphError("cannot featurize a graph without nodes")
     lev = g.levels

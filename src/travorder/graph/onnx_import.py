@@ -249,8 +249,8 @@ def _input_meta(inferred: GraphProto, params: set[str]) -> dict[str, Any]:
     inputs = [i.type.tensor_type for i in inferred.input
               if i.name not in params and i.type.HasField("tensor_type")]
     first = inputs[0].shape.dim if inputs else []
-    batch = first[0].dim_value if first and first[0].HasField("dim_value") else None
-    batch = batch if batch and batch > 0 else None  # -1 or 0: exporters' "any batch"
+    # unset, -1 or 0 (exporters' "any batch"): none recorded
+    batch = first[0].dim_value if first and first[0].dim_value > 0 else None
     elems = [t.elem_type for t in inputs] + [t.data_type for t in inferred.initializer]
     return {"batch_size": batch, "dtype": next(filter(None, map(_float_dtype_name, elems)), None)}
 

@@ -184,11 +184,13 @@ class OpGraph:
         coloc = (np.full(n, -1, dtype=np.int64) if colocation is None
                  else _int_array(colocation, "colocation groups", "node"))
         back = np.zeros(n, dtype=bool) if is_backward is None else np.asarray(is_backward)
-        if back.dtype.kind != "b" and not (back.dtype.kind in "iu" and np.all(
-                (back == 0) | (back == 1))):  # "no" would be True
-            raise GraphError(f"is_backward must be true/false per node, got values of "
-                             f"type {back.dtype}")
-        back = back.astype(bool)
+        if back.dtype.kind != "b":  # "no" would read as True; 0 and 1 are fine
+            bad = next((x for x in back.reshape(-1).tolist()
+                        if isinstance(x, bool) or not isinstance(x, int) or x not in (0, 1)),
+                       None)
+            if bad is not None:
+                raise GraphError(f"is_backward must be true/false per node, got {bad!r}")
+            back = back.astype(bool)
         if coloc.shape != (n,) or back.shape != (n,):
             raise GraphError("colocation and is_backward need one value per node")
 

@@ -108,20 +108,22 @@ def _null_as_inf(value: Any) -> Any:
     return math.inf if value is None else value
 
 
-def _pair_matrix(value: Any, n: int, what: str) -> np.ndarray:
-    if isinstance(value, list | tuple):  # each entry a number: not true, "5" or None
-        a = np.array([[_number(x, what) for x in row] if isinstance(row, list | tuple)
-                      else row if isinstance(row, np.ndarray) and row.dtype.kind in "iuf"
-                      else _number(row, what) for row in value], dtype=object)
-    elif isinstance(value, np.ndarray):
+def _numbers(value: Any, what: str) -> Any:
+    """``value``, a number or nested lists (or numpy arrays) of them, with every entry
+    checked to be a number: not true, "5" or None."""
+    if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iuf":
-            raise TravorderError(f"{what} must be a number or a {n}x{n} matrix of numbers, "
-                                 f"got an array of {value.dtype}")
-        a = value
-    else:
-        a = _number(value, what)
+            raise TravorderError(f"{what} must be numbers, got an array of {value.dtype}")
+        return value
+    if isinstance(value, list | tuple):
+        return [_numbers(x, what) for x in value]
+    return _number(value, what)
+
+
+def _pair_matrix(value: Any, n: int, what: str) -> np.ndarray:
+    checked = _numbers(value, what)
     try:
-        a = np.asarray(a, dtype=np.float64)
+        a = np.asarray(checked, dtype=np.float64)  # ragged rows do not make a matrix
     except (TypeError, ValueError):
         raise TravorderError(f"{what} must be a number or a {n}x{n} matrix of numbers"
                              ) from None

@@ -43,18 +43,21 @@ class DeviceBook:
         self.group = colocation_groups(graph, colocate)
         self.group_memory = np.bincount(self.group, weights=own).tolist()
         self.group_device = [-1] * len(self.group_memory)
-        self.edges_in = self._edge_lists(graph.in_edges_csr, graph.src)
-        self.edges_out = self._edge_lists(graph.out_edges_csr, graph.dst)
-        # Placeto's copies have one size per tensor (transfer estimates keep edge bytes)
-        self.tensor_bytes = (graph.largest_out_edge_bytes.tolist()
-                             if cluster.semantics == "placeto" else None)
+        # (other end, bytes) per node: the edge's bytes, for transfer times, and the bytes
+        # its remote copy takes, which under Placeto's rules is the tensor's one size
+        self.edges_in = self._edge_lists(graph.in_edges_csr, graph.src, graph.edge_bytes)
+        placeto = cluster.semantics == "placeto"
+        copy_bytes = graph.largest_out_edge_bytes[graph.src] if placeto else graph.edge_bytes
+        self.copies_in = (self._edge_lists(graph.in_edges_csr, graph.src, copy_bytes)
+                          if placeto else self.edges_in)
+        self.copies_out = self._edge_lists(graph.out_edges_csr, graph.dst, copy_bytes)
         self.copies: dict[tuple[int, int], float] = {}  # (producer, device) -> bytes held
 
-    def _edge_lists(self, csr: tuple[np.ndarray, np.ndarray], other: np.ndarray
-                    ) -> list[list[tuple[int, float]]]:
+    @staticmethod
+    def _edge_lists(csr: tuple[np.ndarray, np.ndarray], other: np.ndarray,
+                    nbytes: np.ndarray) -> list[list[tuple[int, float]]]:
         ptr, eid = csr
-        pairs = list(zip(other[eid].tolist(), self.graph.edge_bytes[eid].tolist(),
-                         strict=True))
+        pairs = list(zip(other[eid].tolist(), nbytes[eid].tolist(), strict=True))
         bounds = ptr.tolist()
         return [pairs[a:b] for a, b in itertools.pairwise(bounds)]
 
@@ -66,12 +69,10 @@ class DeviceBook:
         """Bytes device `d` would gain if `v` were placed on it."""
         g = self.group[v]
         extra = self.group_memory[g] if self.group_device[g] < 0 else 0.0
-        size = self.tensor_bytes
-        for u, b in self.edges_in[v]:
+        for u, b in self.copies_in[v]:
             du = self.device[u]
             if du >= 0 and du != d:
-                extra += max(0.0, (b if size is None else size[u])
-                             - self.copies.get((u, d), 0.0))
+                extra += max(0.0, b - self.copies.get((u, d), 0.0))
         return extra
 
     def fits(self, v: int, d: int) -> bool:
@@ -100,13 +101,12 @@ class DeviceBook:
             self.group_device[g] = d
             self.used[d] += self.group_memory[g]
         self.device[v] = d
-        size = self.tensor_bytes
-        for u, b in self.edges_in[v]:
+        for u, b in self.copies_in[v]:
             if self.device[u] >= 0 and self.device[u] != d:
-                self._copy(u, d, b if size is None else size[u])
-        for w, b in self.edges_out[v]:
+                self._copy(u, d, b)
+        for w, b in self.copies_out[v]:
             if self.device[w] >= 0 and self.device[w] != d:
-                self._copy(v, self.device[w], b if size is None else size[v])
+                self._copy(v, self.device[w], b)
 
     def placement(self) -> np.ndarray:
         """The device per node as an int64 array."""
