@@ -81,8 +81,14 @@ def test_arrays_and_attributes_are_read_only():
         ([{"name": "a", "output_bytes": "x"}], [], "output_bytes must be numbers"),
         ([{"name": "a", "flops": "1e3"}], [], "flops must be numbers: got '1e3'"),
         ([{"name": "a", "flops": True}], [], "flops must be numbers: got True"),
+        ([{"name": "a"}, {"name": "b", "flops": True}], [], "flops must be numbers: got True"),
+        ([{"name": "a", "flops": 1.0}, {"name": "b", "flops": "x"}], [],
+         "flops must be numbers: got 'x'"),
+        ([{"name": "a", "flops": 10**400}], [], "flops must be numbers: int too large"),
         ([{"name": "a", "colocation": 1.5}], [], "colocation groups must be integers, got 1.5"),
         ([{"name": "a", "is_backward": "no"}], [], "is_backward must be true/false"),
+        ([{"name": "a", "flop": 1e9}], [], "node 'a' has unknown key 'flop' .expected name, "
+                                           "op_type, flops,"),
     ],
 )
 def test_invalid_graphs_raise_one_clear_error(nodes, edges, message):
@@ -120,9 +126,13 @@ def test_an_empty_array_of_strings_is_no_numbers():
         OpGraph([], [], [], flops=np.array([], dtype=str))
 
 
-def test_an_undirected_networkx_graph_is_refused():
+def test_an_undirected_or_misspelt_networkx_graph_is_refused():
     with pytest.raises(GraphError, match="an undirected graph does not say which op feeds"):
         OpGraph.from_networkx(nx.path_graph(3))
+    typo = nx.DiGraph()
+    typo.add_node("a", flops=1e9, param_byte=4.0)
+    with pytest.raises(GraphError, match="node 'a' has unknown key 'param_byte'"):
+        OpGraph.from_networkx(typo)
 
 
 def test_edge_indices_out_of_range():
@@ -232,6 +242,8 @@ def test_bad_files(tmp_path, content, message):
     (("nodes", "time_us", [True, 1, 1, 1]), "'nodes.time_us' must be a list of numbers"),
     (("nodes", "name", [1, 2, 3, 4]), "'nodes.name' must be a list of strings"),
     (("edges", "src", [0.5, 0, 1, 2]), "'edges.src' must be a list of integers"),
+    (("nodes", "flops", [10**400, 1, 1, 1]), "'nodes.flops' must be a list of numbers"),
+    (("edges", "src", [10**400, 0, 1, 2]), "'edges.src' must be a list of integers"),
     (("nodes", "flops", None), "'nodes.flops' must be a list of numbers"),
     ((None, "nodes", [1, 2]), "missing field 'nodes.name'"),
     ((None, "meta", "abc"), "field 'meta' is not an object"),

@@ -34,7 +34,8 @@ K80 = load_cluster("k80x3")
 
 
 def _train(g: OpGraph) -> OpGraph:
-    return training_graph(g.replace(meta={"batch_size": 2}))
+    """``g``'s training step at a batch of 6: up to 6 micro-batches."""
+    return training_graph(g.replace(meta={"batch_size": 6}))
 
 
 # ------------------------------------------------------------------ pipeline graph
@@ -188,6 +189,11 @@ def test_more_micro_batches_than_samples_are_refused_before_pipelining():
         placed_graph(g, True, 3, 4)
     step = placed_graph(g, True, np.int64(4), np.int64(4))
     assert step.n_nodes == 4 * training_graph(g).n_nodes
+    with pytest.raises(GraphError, match=r"^5 micro-batches of a batch of 2"):
+        pipeline_graph(training_graph(g), 5)
+    huge = Scenario(batch="train", micro_batches=10**40)  # the family's batch is 64
+    with pytest.raises(GraphError, match=rf"^{10**40} micro-batches of a batch of 64"):
+        huge.prepare(g, training=True, coarsen_max_nodes=0)
 
 
 # ------------------------------------------------------------------ memory and floor
@@ -241,6 +247,9 @@ def test_scenario_names_and_product():
     ({"batch": "huge"}, "batch must be"),
     ({"micro_batches": 0}, "micro_batches must be an integer >= 1"),
     ({"batch": 2, "micro_batches": 4}, "micro_batches 4 exceed its batch 2: a micro-batch"),
+    ({"batch": "train", "micro_batches": 10**30},  # the chain's training batch is 64
+     rf"s.toml': scenario 'batch=train,mb={10**30}' on graph 'syn_chain_n\d+_s0': "
+     rf"{10**30} micro-batches of a batch of 64"),
     ({"memory": 0.0}, r"memory must be a fraction in \(0, 1\]"),
     ({"memory": 1.5}, r"memory must be a fraction in \(0, 1\]"),
     ({"memroy": 0.5}, "unknown scenario key 'memroy'"),

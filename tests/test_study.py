@@ -110,7 +110,10 @@ def test_prepare_graph_expands_and_coarsens():
     ({"orders": []}, "orders"),
     ({"seeds": [0, 0]}, "lists a seed twice"),
     ({"seeds": -1}, "positive count"),
-    ({"seeds": [1.5]}, "non-negative integers"),
+    ({"seeds": [1.5]}, r"integers in \[0, 2\*\*63\), got \[1.5\]"),
+    ({"seeds": [2**63]}, r"integers in \[0, 2\*\*63\)"),  # SQLite keeps 64-bit integers
+    ({"seeds": 10**40}, r"positive count \(at most 10000\)"),
+    ({"order_seeds": {"random": [-1]}}, r"order_seeds.random must be .* integers in \[0"),
     ({"clusters": ["k80x3", "nowhere"]}, "unknown cluster 'nowhere'"),
     ({"clusters": ["missing.toml"]}, "no such cluster file"),
     ({"placer": {"name": "magic"}}, "unknown placer 'magic'"),
@@ -336,17 +339,19 @@ def test_runner_argument_errors(tmp_path):
 
 def test_every_bundled_spec_passes_the_runners_preflight():
     """Each shipped spec's placer runs with its options on each of its clusters (as
-    `run_study` checks before it writes anything): the paper preset is pinned to k80x3."""
+    `run_study` checks before it writes anything), and each scenario's micro-batches fit
+    each graph's batch: the paper preset is pinned to k80x3."""
     from travorder.study import runner
 
     specs = sorted((Path(runner.__file__).parent / "specs").glob("*.toml"))
     assert len(specs) >= 10
     for path in specs:
-        runner._preflight(load_spec(path))
+        loaded = load_spec(path)
+        runner._preflight(loaded, loaded.select_graphs())
     four = spec(placer={"name": "rl", "options": {"preset": "paper"}},
                 clusters=["v100x4-nvlink"])
     with pytest.raises(TravorderError, match="paper preset is the study's setting on 3"):
-        runner._preflight(four)
+        runner._preflight(four, [])
 
 
 def test_every_bundled_spec_has_its_dataset_in_a_bundled_dataset():

@@ -88,7 +88,7 @@ def _column(doc: dict[str, Any], table: str, column: str, source: str) -> Any:
         raise FormatError(f"{source}: graph field {field!r} must be a list of {words}")
     try:
         array = np.asarray(values, dtype=float if kind == "f" else None)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a 400-digit integer
         array = None
     if array is None or array.ndim != 1 or (array.size and kind == "i"
                                              and array.dtype.kind != "i"):

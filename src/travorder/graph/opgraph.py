@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # networkx is imported where it is used: loading graphs needs
 #: Graph-level metadata keys every graph carries (others may be added freely).
 META_KEYS = ("name", "family", "source", "batch_size", "dtype")
 
+#: The keys of a node record (`OpGraph.from_records`, `OpGraph.node_records`).
+NODE_KEYS = ("name", "op_type", "flops", "output_bytes", "param_bytes", "time_us",
+             "colocation", "is_backward")
 _NODE_FLOAT_FIELDS = ("flops", "output_bytes", "param_bytes")
 
 
@@ -77,11 +80,15 @@ def _float_array(values: Any, n: int, field: str, default: float = 0.0) -> np.nd
         return np.full(n, default, dtype=np.float64)
     try:
         raw = np.asarray(values)
+        if isinstance(values, list | tuple):  # numpy reads [1.0, True] as [1.0, 1.0]
+            bad = next((v for v in values if isinstance(v, bool | str | bytes)), None)
+            if bad is not None:
+                raise ValueError(f"got {bad!r}")
         if raw.dtype.kind in "bSU":  # True, "5": numbers in name only
             raise ValueError(f"got {raw.reshape(-1)[0].item()!r}" if raw.size else
                              f"got an array of {raw.dtype}")
         a = raw.astype(np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: a 400-digit int
         raise GraphError(f"{field} must be numbers: {exc}") from None
     if a.shape != (n,):
         raise GraphError(f"{field} has {a.size} values for {n} entries")
@@ -229,13 +236,17 @@ class OpGraph:
 
         An edge is ``(src_name, dst_name)``, ``(src_name, dst_name, bytes)`` or a dict with
         ``src``, ``dst`` and optional ``bytes``; without bytes it carries the source's
-        ``output_bytes``.
+        ``output_bytes``. A node key outside `NODE_KEYS` is refused.
         """
         nodes = list(nodes)
         for i, nd in enumerate(nodes):
             if not isinstance(nd, Mapping) or "name" not in nd:
                 raise GraphError(f"node record {i} must be a mapping with a 'name', got "
                                  f"{nd!r:.80}")
+            unknown = [k for k in nd if k not in NODE_KEYS]
+            if unknown:  # a misspelt "flop" would leave the op free
+                raise GraphError(f"node {nd['name']!r} has unknown key {unknown[0]!r} "
+                                 f"(expected {', '.join(NODE_KEYS)})")
         names = [nd["name"] for nd in nodes]
         index = {name: i for i, name in enumerate(names)}
         src, dst, eb = [], [], []
@@ -274,8 +285,8 @@ class OpGraph:
     def from_networkx(cls, g: nx.DiGraph) -> OpGraph:
         """Build from a ``networkx.DiGraph`` whose node keys are the names.
 
-        Node attributes as in :meth:`from_records`; edge attribute ``bytes``; graph
-        attributes become ``meta``.
+        Node attributes as in :meth:`from_records` (others are refused); edge attribute
+        ``bytes``; graph attributes become ``meta``.
         """
         if not g.is_directed():
             raise GraphError("an undirected graph does not say which op feeds which: give a "

@@ -17,9 +17,11 @@ pipeline of ``m`` micro-batches:
   ends after the last micro-batch's backward pass. The edge carries no bytes: the copies
   share a device and accumulate in place.
 
-With ``m = 1`` the result equals ``g``. Traversal orders of a pipelined graph are taken
-from micro-batch 0's graph (`micro_batch_graph`) and expanded by `expand_order`: each
-op's copies follow one another in micro-batch order (docs/study.md says why).
+With ``m = 1`` the result equals ``g``. More micro-batches than the samples of the
+graph's ``batch_size`` are refused: a micro-batch holds one sample at least. Traversal
+orders of a pipelined graph are taken from micro-batch 0's graph (`micro_batch_graph`)
+and expanded by `expand_order`: each op's copies follow one another in micro-batch order
+(docs/study.md says why).
 
 >>> from travorder.graph.opgraph import OpGraph
 >>> from travorder.graph.training import training_graph
@@ -60,6 +62,20 @@ def unpipelined_meta(meta: dict[str, object]) -> dict[str, object]:
     return {k: v for k, v in meta.items() if k != "micro_batches"}
 
 
+def check_micro_batches(m: int, samples: float | None) -> None:
+    """Refuse ``m`` micro-batches of a batch of ``samples`` (None: unknown, any ``m``).
+
+    >>> check_micro_batches(4, 2)
+    Traceback (most recent call last):
+    ...
+    travorder.errors.GraphError: 4 micro-batches of a batch of 2: a micro-batch holds one \
+sample at least (give a batch of 4 or more)
+    """
+    if samples is not None and m > samples:
+        raise GraphError(f"{m} micro-batches of a batch of {samples:g}: a micro-batch holds "
+                         f"one sample at least (give a batch of {m} or more)")
+
+
 def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
     """``g`` (a training step) as a pipeline of ``m`` micro-batches (module docstring)."""
     check_graph(g, "pipeline_graph")
@@ -68,6 +84,7 @@ def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
     if micro_batches(g) > 1:
         raise GraphError(f"graph {g.name!r} is already pipelined "
                          f"({micro_batches(g)} micro-batches)")
+    check_micro_batches(m, g.meta.get("batch_size"))  # before building: m can be huge
     m, n = int(m), g.n_nodes
     coloc, names = g.colocation, g.names.tolist()
     if m > 1:  # an op without a group gets one, so that its copies share a device

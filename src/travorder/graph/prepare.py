@@ -3,9 +3,6 @@ placement is for: a training step at a batch, pipelined."""
 
 from __future__ import annotations
 
-from numbers import Integral
-
-from travorder.errors import GraphError
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
 from travorder.graph.opgraph import OpGraph
@@ -28,13 +25,6 @@ def placed_graph(graph: OpGraph, training: bool = True, batch: int | None = None
                  micro_batches: int = 1) -> OpGraph:
     """The graph a placement of ``graph`` is for: its training step (unless not
     ``training``) at ``batch`` (default: as exported), pipelined over ``micro_batches``,
-    never coarsened (what ``travorder.place`` places). More micro-batches than samples in
-    the batch are refused: a micro-batch holds one sample at least."""
+    never coarsened (what ``travorder.place`` places)."""
     g = graph if batch is None else scale_batch(graph, batch)
-    samples = g.meta.get("batch_size")
-    if (isinstance(micro_batches, Integral) and isinstance(samples, int | float)
-            and micro_batches > samples):  # before the pipeline is built: M can be huge
-        raise GraphError(f"{micro_batches} micro-batches of a batch of {samples:g}: a "
-                         f"micro-batch holds one sample at least (give a batch of "
-                         f"{micro_batches} or more)")
     return pipeline_graph(prepare_graph(g, training), micro_batches)

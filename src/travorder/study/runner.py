@@ -4,8 +4,9 @@
 store holds as done, prepares the graphs that still have jobs in each of their scenarios
 (`Scenario.prepare` and `Scenario.cluster_for`; graph and scenario features into the
 store), and runs the rest. Before it opens the store it checks the placer's options once
-per cluster on a three-node graph, so a bad option is one error, not a failed study, and
-leaves no store and no pending run behind. The backends:
+per cluster on a three-node graph, and each scenario's micro-batches against each graph's
+batch, so a bad option or scenario is one error, not a failed study, and leaves no store
+and no pending run behind. The backends:
 
 - ``backend="loky"``: joblib's loky process pool with ``jobs`` workers
   (``Parallel(return_as="generator_unordered")``); with ``jobs=1`` the jobs run in this
@@ -74,13 +75,20 @@ class StudySummary:
         return self.total - self.skipped - self.done
 
 
-def _preflight(spec: StudySpec) -> None:
+def _preflight(spec: StudySpec, graphs: list[OpGraph]) -> None:
     for cluster in spec.clusters:
         try:
             place_graph(_PREFLIGHT, cluster, spec.placer, spec.orders[0], 0, **spec.placer_options)
         except TravorderError as exc:
             raise TravorderError(f"{spec.source}: placer {spec.placer!r} on cluster "
                                  f"{cluster.name!r}: {exc}") from None
+    for scenario in spec.scenarios:
+        for graph in graphs:
+            try:
+                scenario.check_batch(graph)
+            except TravorderError as exc:
+                raise TravorderError(f"{spec.source}: scenario {scenario.name!r} on graph "
+                                     f"{graph.name!r}: {exc}") from None
 
 
 Graphs = dict[tuple[str, str], OpGraph]
@@ -324,7 +332,7 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
         raise TravorderError("an address is for the ray backend (--backend ray)")
     graphs = spec.select_graphs()
     all_jobs = spec_jobs(spec, graphs)
-    _preflight(spec)  # before the store is touched: a bad spec leaves nothing behind
+    _preflight(spec, graphs)  # before the store is touched: a bad spec leaves nothing behind
     with contextlib.ExitStack() as cleanup:
         if backend == "loky":
             cleanup.callback(_shutdown_loky)

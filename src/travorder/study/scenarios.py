@@ -47,7 +47,7 @@ from travorder.featurize.scenario import scenario_features
 from travorder.graph import OpGraph, prepare_graph
 from travorder.graph.batch import scale_batch
 from travorder.graph.perturb import perturb_costs
-from travorder.graph.pipeline import pipeline_graph
+from travorder.graph.pipeline import check_micro_batches, pipeline_graph
 from travorder.placement.clusters import Cluster, compute_times
 
 #: The keys a scenario table may have.
@@ -195,6 +195,13 @@ class Scenario:
         if self.batch == "export":
             return None
         return training_batch(graph) if self.batch == "train" else int(self.batch)
+
+    def check_batch(self, graph: OpGraph) -> None:
+        """Raise the GraphError that `prepare` would for more micro-batches than
+        ``graph`` has samples at this scenario's batch, without preparing it."""
+        batch = self.batch_for(graph)
+        check_micro_batches(self.micro_batches,
+                            graph.meta.get("batch_size") if batch is None else batch)
 
     def prepare(self, graph: OpGraph, training: bool, coarsen_max_nodes: int) -> OpGraph:
         """The graph a placer sees: batch, training step, cost noise, coarsening,

@@ -232,15 +232,15 @@ def _table(value: Any, where: str) -> Mapping[str, Any]:
 
 def _seeds(value: Any, where: str) -> tuple[int, ...]:
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 1:
-            raise TravorderError(f"{where} must be a positive count or a list of seeds, "
-                                 f"got {value}")
+        if not 1 <= value <= 10_000:  # 10**9 seeds would be built before anything ran
+            raise TravorderError(f"{where} must be a positive count (at most 10000) or a "
+                                 f"list of seeds, got {value}")
         return tuple(range(value))
     if (not isinstance(value, list) or not value
-            or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                       for s in value)):
+            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63
+                       for s in value)):  # 2**63: the store keeps seeds as SQLite integers
         raise TravorderError(f"{where} must be a positive count or a non-empty list of "
-                             f"non-negative integers, got {value!r}")
+                             f"integers in [0, 2**63), got {value!r}")
     if len(set(value)) != len(value):
         raise TravorderError(f"{where} lists a seed twice: {value!r}")
     return tuple(value)
