@@ -23,13 +23,10 @@ from typing import Any
 import numpy as np
 
 from travorder.errors import FormatError, GraphError, TravorderError, check_format, write_file
-from travorder.graph.opgraph import OpGraph, check_graph
+from travorder.graph.opgraph import NODE_KEYS, OpGraph, check_graph
 
 FORMAT_NAME = "travorder.opgraph"
 FORMAT_VERSION = 1
-
-_NODE_COLUMNS = ("name", "op_type", "flops", "output_bytes", "param_bytes", "time_us",
-                 "colocation", "is_backward")
 
 
 def graph_to_dict(g: OpGraph) -> dict[str, Any]:
@@ -39,7 +36,7 @@ def graph_to_dict(g: OpGraph) -> dict[str, Any]:
         "format": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
         "meta": dict(g.meta),
-        "nodes": {c: [r[c] for r in recs] for c in _NODE_COLUMNS},
+        "nodes": {c: [r[c] for r in recs] for c in NODE_KEYS},
         "edges": {"src": g.src.tolist(), "dst": g.dst.tolist(),
                   "bytes": g.edge_bytes.tolist()},
     }
@@ -52,7 +49,7 @@ def graph_from_dict(doc: Any, source: str = "document") -> OpGraph:
     meta = doc.get("meta") or {}
     if not isinstance(meta, dict):
         raise FormatError(f"{source}: graph field 'meta' is not an object")
-    nodes = {c: _column(doc, "nodes", c, source) for c in _NODE_COLUMNS}
+    nodes = {c: _column(doc, "nodes", c, source) for c in NODE_KEYS}
     edges = {c: _column(doc, "edges", c, source) for c in _EDGE_COLUMNS}
     if not len(nodes["name"]):
         raise FormatError(f"{source}: graph has no nodes")

@@ -36,7 +36,8 @@ if TYPE_CHECKING:  # networkx is imported where it is used: loading graphs needs
 #: Graph-level metadata keys every graph carries (others may be added freely).
 META_KEYS = ("name", "family", "source", "batch_size", "dtype")
 
-#: The keys of a node record (`OpGraph.from_records`, `OpGraph.node_records`).
+#: The keys of a node record (`OpGraph.from_records`, `OpGraph.node_records`) and the
+#: node columns of a saved graph.
 NODE_KEYS = ("name", "op_type", "flops", "output_bytes", "param_bytes", "time_us",
              "colocation", "is_backward")
 _NODE_FLOAT_FIELDS = ("flops", "output_bytes", "param_bytes")
