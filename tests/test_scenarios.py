@@ -17,7 +17,7 @@ from tests.strategies import random_dags
 from travorder.cli import main
 from travorder.datasets.synthetic import chain
 from travorder.errors import GraphError, TravorderError
-from travorder.graph import OpGraph, training_graph
+from travorder.graph import OpGraph, save_graph, training_graph
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
 from travorder.graph.pipeline import expand_order, micro_batch_graph, pipeline_graph
@@ -178,7 +178,9 @@ def test_batch_bad_input():
     assert scale_batch(numpy, 8) == scale_batch(g.replace(meta={"batch_size": 4}), 8)
 
 
-def test_more_micro_batches_than_samples_are_refused_before_pipelining():
+def test_more_micro_batches_than_samples_are_refused_before_pipelining(monkeypatch):
+    import travorder.graph.prepare
+
     g = chain(0, n_layers=2)
     g = g.replace(meta={**g.meta, "batch_size": 2})
     for m in (4, np.int64(4), 10**9):  # a huge count is refused at once, not built
@@ -191,10 +193,37 @@ def test_more_micro_batches_than_samples_are_refused_before_pipelining():
     assert step.n_nodes == 4 * training_graph(g).n_nodes
     with pytest.raises(GraphError, match=r"^5 micro-batches of a batch of 2"):
         pipeline_graph(training_graph(g), 5)
+    with monkeypatch.context() as m:  # refused before the training step is built
+        m.setattr(travorder.graph.prepare, "training_graph", None)
+        for bad, message in ((8, "8 micro-batches of a batch of 2"),
+                             (0, "micro-batches must be an integer >= 1, got 0"),
+                             ("4", "micro-batches must be an integer >= 1, got '4'")):
+            with pytest.raises(GraphError, match=f"^{message}"):
+                placed_graph(g, True, None, bad)
     huge = Scenario(batch="train", micro_batches=10**40)  # the family's batch is 64
     with pytest.raises(GraphError, match=rf"^{10**40} micro-batches of a batch of 64"):
         huge.prepare(g, training=True, coarsen_max_nodes=0)
 
+
+
+def test_a_graph_without_batch_size_is_refused_before_the_store_opens(tmp_path, capsys):
+    """A scenario that re-costs the batch of a graph that records none fails in the
+    runner's preflight, as one line, with nothing written."""
+    g = chain(0, n_layers=2).replace(meta={"batch_size": None})
+    save_graph(g, tmp_path / "g.json.gz")
+    spec = tmp_path / "s.toml"
+    spec.write_text('name = "s"\nclusters = ["k80x3"]\norders = ["topo"]\n'
+                    '[placer]\nname = "greedy"\n[graphs]\n'
+                    'files = [{path = "g.json.gz", family = "chain"}]\n'
+                    '[[scenarios]]\nbatch = "train"\n')
+    store = tmp_path / "s.sqlite"
+    assert main(["study", "run", str(spec), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err
+    assert re.search(r"scenario 'batch=train' on graph '.*': graph '.*' records no "
+                     r"batch_size, so it cannot be scaled to batch 64", err), err
+    assert not store.exists()
+    Scenario(batch="export").check_batch(g)  # as exported: any graph
 
 # ------------------------------------------------------------------ memory and floor
 def test_memory_fraction_sets_single_device_feasibility():

@@ -44,24 +44,32 @@ def bind_hint(symbolic: list[str]) -> str:
             f"(dims={{{', '.join(f'{d!r}: N' for d in symbolic)}}} in Python)")
 
 
-def scale_batch(g: OpGraph, batch: int) -> OpGraph:
-    """``g`` re-costed from its recorded ``batch_size`` to ``batch`` (module docstring)."""
-    check_graph(g, "scale_batch")
+def check_scalable(g: OpGraph, batch: int) -> None:
+    """Raise the GraphError that `scale_batch` would for ``g`` at ``batch``, without
+    re-costing it."""
     if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
         raise GraphError(f"batch must be an integer >= 1, got {batch!r}")
     if g.meta.get("batch_size") == batch:  # already at that batch, training step or not
-        return g
+        return
     if g.is_backward.any():  # which backward outputs are weight gradients is not known
         raise GraphError(f"graph {g.name!r} is a training step (it has backward ops), "
                          f"whose weight gradients do not scale: scale its forward graph to "
                          f"batch {batch} instead")
-    exported = g.meta.get("batch_size")  # a positive number if any (OpGraph checks)
-    if exported is None:
+    if g.meta.get("batch_size") is None:
         symbolic = g.meta.get("symbolic_dims") or []
         raise GraphError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
                          f"to batch {batch}" + (
                              f" (its inputs have symbolic dimensions {', '.join(symbolic)}: "
                              f"{bind_hint(symbolic)})" if symbolic else ""))
+
+
+def scale_batch(g: OpGraph, batch: int) -> OpGraph:
+    """``g`` re-costed from its recorded ``batch_size`` to ``batch`` (module docstring)."""
+    check_graph(g, "scale_batch")
+    check_scalable(g, batch)
+    exported = g.meta.get("batch_size")  # a positive number (OpGraph checks)
+    if exported == batch:
+        return g
     factor = int(batch) / float(exported)
     per_node = np.where(np.isin(g.op_types, list(BATCH_INVARIANT_OP_TYPES)), 1.0, factor)
     return g.replace(

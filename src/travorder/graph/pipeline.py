@@ -63,7 +63,8 @@ def unpipelined_meta(meta: dict[str, object]) -> dict[str, object]:
 
 
 def check_micro_batches(m: int, samples: float | None) -> None:
-    """Refuse ``m`` micro-batches of a batch of ``samples`` (None: unknown, any ``m``).
+    """Refuse ``m`` micro-batches that are not an integer >= 1 or more than the
+    ``samples`` of a batch (None: unknown, any ``m``).
 
     >>> check_micro_batches(4, 2)
     Traceback (most recent call last):
@@ -71,6 +72,8 @@ def check_micro_batches(m: int, samples: float | None) -> None:
     travorder.errors.GraphError: 4 micro-batches of a batch of 2: a micro-batch holds one \
 sample at least (give a batch of 4 or more)
     """
+    if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
+        raise GraphError(f"micro-batches must be an integer >= 1, got {m!r}")
     if samples is not None and m > samples:
         raise GraphError(f"{m} micro-batches of a batch of {samples:g}: a micro-batch holds "
                          f"one sample at least (give a batch of {m} or more)")
@@ -79,8 +82,6 @@ sample at least (give a batch of 4 or more)
 def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
     """``g`` (a training step) as a pipeline of ``m`` micro-batches (module docstring)."""
     check_graph(g, "pipeline_graph")
-    if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
-        raise GraphError(f"micro-batches must be an integer >= 1, got {m!r}")
     if micro_batches(g) > 1:
         raise GraphError(f"graph {g.name!r} is already pipelined "
                          f"({micro_batches(g)} micro-batches)")

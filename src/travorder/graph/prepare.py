@@ -6,7 +6,7 @@ from __future__ import annotations
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
 from travorder.graph.opgraph import OpGraph
-from travorder.graph.pipeline import pipeline_graph
+from travorder.graph.pipeline import check_micro_batches, pipeline_graph
 from travorder.graph.training import training_graph
 
 
@@ -27,4 +27,5 @@ def placed_graph(graph: OpGraph, training: bool = True, batch: int | None = None
     ``training``) at ``batch`` (default: as exported), pipelined over ``micro_batches``,
     never coarsened (what ``travorder.place`` places)."""
     g = graph if batch is None else scale_batch(graph, batch)
+    check_micro_batches(micro_batches, g.meta.get("batch_size"))  # before the step is built
     return pipeline_graph(prepare_graph(g, training), micro_batches)

@@ -45,7 +45,7 @@ import numpy as np
 from travorder.errors import TravorderError
 from travorder.featurize.scenario import scenario_features
 from travorder.graph import OpGraph, prepare_graph
-from travorder.graph.batch import scale_batch
+from travorder.graph.batch import check_scalable, scale_batch
 from travorder.graph.perturb import perturb_costs
 from travorder.graph.pipeline import check_micro_batches, pipeline_graph
 from travorder.placement.clusters import Cluster, compute_times
@@ -197,9 +197,12 @@ class Scenario:
         return training_batch(graph) if self.batch == "train" else int(self.batch)
 
     def check_batch(self, graph: OpGraph) -> None:
-        """Raise the GraphError that `prepare` would for more micro-batches than
-        ``graph`` has samples at this scenario's batch, without preparing it."""
+        """Raise the GraphError that `prepare` would for a batch ``graph`` cannot be
+        scaled to, or more micro-batches than it has samples at that batch, without
+        preparing it."""
         batch = self.batch_for(graph)
+        if batch is not None:
+            check_scalable(graph, batch)
         check_micro_batches(self.micro_batches,
                             graph.meta.get("batch_size") if batch is None else batch)
 
