@@ -2,7 +2,8 @@
 
 For each model and budget, fresh processes one after the other (as a user's would be),
 after one untimed run that warms the file cache and numba's on-disk cache. Prints, per
-row, the orders checked, how many runs were exact, the time spent checking (`check_s`)
+row, the orders checked (and the placements that took: orders of one node sequence
+share one), how many runs were exact, the time spent checking (`check_s`)
 and the whole command, as ranges over the runs: the table in docs/predictor.md.
 
     python benchmarks/budget.py [--runs 3] [--budgets 0,0.1,0.5,2] [--cluster k80x3]
@@ -46,12 +47,13 @@ def main() -> None:
         models = [EXAMPLES / "resnet_small.onnx", EXAMPLES / "transformer_small.onnx", stack]
         subprocess.run([recommend, str(models[0]), "--budget", "0"], check=True,
                        capture_output=True)
-        print("| model | `--budget` | orders checked | exact | check | whole command |")
-        print("| --- | --- | --- | --- | --- | --- |")
+        print("| model | `--budget` | orders checked | placements | exact | check | "
+              "whole command |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         for model in models:
             ops = load_graph(model).n_nodes
             for budget in budgets:
-                checked, exact, check_s, whole = [], 0, [], []
+                checked, placed, exact, check_s, whole = [], [], 0, [], []
                 for _ in range(args.runs):
                     t0 = time.perf_counter()
                     out = subprocess.run([recommend, str(model), "--cluster", args.cluster,
@@ -60,10 +62,13 @@ def main() -> None:
                     whole.append(time.perf_counter() - t0)
                     rec = json.loads(out)
                     checked.append(len(rec["verified"]))
+                    group = {o: i for i, g in enumerate(rec["same_sequence"]) for o in g}
+                    placed.append(len({group.get(o, o) for o in rec["verified"]}))
                     exact += rec["exact"]
                     check_s.append(rec["check_s"])
                 print(f"| {model.name} ({ops} ONNX ops) | {budget:g} s | "
-                      f"{_span(checked, '{:.0f}')} of 11 | {exact} of {args.runs} | "
+                      f"{_span(checked, '{:.0f}')} of 11 | {_span(placed, '{:.0f}')} | "
+                      f"{exact} of {args.runs} | "
                       f"{_span(check_s)} s | {_span(whole, '{:.1f}')} s |", flush=True)
 
 

@@ -473,7 +473,8 @@ def test_missing_model_dir(tmp_path):
 
 def test_recommend_path_never_imports_torch_or_the_training_libraries(model_dir, onnx_model):
     # The cold start of recommend-order depends on it: these take seconds to import.
-    heavy = ["torch", "lightgbm", "sklearn", "pandas", "scipy", "networkx", "numba"]
+    # networkx (0.1 s) is imported: the orders are computed to find those that coincide.
+    heavy = ["torch", "lightgbm", "sklearn", "pandas", "scipy", "numba"]
     code = ("import sys; from travorder.cli import recommend_main; "
             f"rc = recommend_main([{onnx_model!r}, '--predictor', {model_dir!r}, '--json']); "
             f"assert rc == 0; loaded = [m for m in {heavy!r} if m in sys.modules]; "
@@ -721,12 +722,63 @@ def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_
     assert set(full.expected_regret) == set(ORDERS)  # predictions of the model's orders only
     one = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
     plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
-    assert list(one.verified) == [plain.order] and not one.exact
+    twins = next(g for g in one.same_sequence if plain.order in g)  # topo's: five orders
+    assert one.order == plain.order and not one.exact  # one placement, of five names
+    assert list(one.verified) == [plain.order, *(o for o in twins if o != plain.order)]
+    assert len(set(one.verified.values())) == 1
     for bad in (-1, "2", True):
         with pytest.raises(TravorderError, match="time budget must be"):
             recommend_order(onnx_model, predictor=model_dir, budget=bad)
     with pytest.raises(TravorderError, match="shortlist size must be an integer"):
         recommend_order(onnx_model, predictor=model_dir, verify="2")
+
+
+def test_orders_of_one_node_sequence_share_one_outcome(capsys, tmp_path, monkeypatch):
+    """On a chain every topological order visits the nodes alike, so they place alike:
+    one prediction, one probability, tied, never each other's runner-up, placed once."""
+    from travorder.graph import OpGraph, save_graph
+    from travorder.placement import placers
+    from travorder.placement.orders import ORDERS as ALL_ORDERS
+    from travorder.placement.orders import identical_orders
+
+    chain = OpGraph.from_records(
+        [{"name": f"l{i}", "op_type": "MatMul", "flops": 1e9 * (i + 1),
+          "output_bytes": 4e6, "param_bytes": 1e6} for i in range(4)],
+        [(f"l{i}", f"l{i + 1}") for i in range(3)], name="chain", meta={"batch_size": 8})
+    path = tmp_path / "chain.json.gz"
+    save_graph(chain, path)
+    rec = recommend_order(path, "k80x3")  # the bundled model knows every order
+    same = identical_orders(training_graph(chain), ALL_ORDERS)
+    assert rec.same_sequence == [list(g) for g in same]
+    topological = next(g for g in same if "topo" in g)
+    assert {"topo", "topo_lifo", "lexico_topo", "critical_path"} <= set(topological)
+    for group in same:
+        assert len({rec.expected_regret[o] for o in group}) == 1
+        assert len({rec.probabilities[o] for o in group}) == 1
+    distinct = [o for o in ALL_ORDERS if not any(o in g[1:] for g in same)]
+    assert sum(rec.probabilities[o] for o in distinct) == pytest.approx(1.0)
+    group = next((g for g in same if rec.order in g), (rec.order,))
+    assert set(group) <= set(rec.tied) and rec.runner_up not in group
+    assert rec.probability == rec.probabilities[rec.order]
+
+    calls = []
+    place = placers.place_graph
+    monkeypatch.setattr(placers, "place_graph",
+                        lambda *a, **k: calls.append(k["order"]) or place(*a, **k))
+    full = recommend_order(path, "k80x3", budget=60)
+    assert full.exact and sorted(full.verified) == sorted(ALL_ORDERS)
+    assert len(calls) == len(distinct) < len(ALL_ORDERS)  # each sequence placed once
+    want = {o: place(training_graph(chain), "k80x3", order=o).step_time_us
+            for o in ALL_ORDERS}
+    assert full.verified == pytest.approx(want)
+    calls.clear()
+    short = recommend_order(path, "k80x3", verify=3)
+    assert len(short.verified) == 3 and len(calls) == len(
+        {next((g for g in same if o in g), o) for o in short.verified})
+    code, out, _ = _run(capsys, str(path), "--budget", "60")
+    assert code == 0 and f"({len(distinct)} placements: orders of one node sequence " \
+        "share one)" in out
+    assert "one node sequence, one placement: " + " = ".join(topological) in out
 
 
 def test_budget_starts_once_the_pick_is_placed(model_dir, onnx_model, monkeypatch):
@@ -747,8 +799,8 @@ def test_budget_starts_once_the_pick_is_placed(model_dir, onnx_model, monkeypatc
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0.5)
     assert len(rec.verified) >= 2 and rec.check_s >= 1.0  # the 1 s counted in check_s
     calls.clear()
-    none = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
-    assert len(none.verified) == 1
+    recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=0)
+    assert len(calls) == 1
 
 
 def test_budget_can_recommend_an_order_the_model_does_not_know(capsys, frame, onnx_model,
@@ -777,8 +829,9 @@ def test_budget_on_the_command_line(capsys, model_dir, onnx_model):
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "60")
     assert code == 0 and "exact: every order was checked by placement with greedy" in out
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--budget", "0")
-    assert code == 0 and "fastest of 1 of 11 orders checked (the model knows 3; the " \
-        "others are checked after them) by placement with greedy" in out
+    assert code == 0 and "fastest of 5 of 11 orders checked (the model knows 3; the " \
+        "others are checked after them) by placement with greedy in" in out
+    assert " s (1 placement: orders of one node sequence share one)" in out
     code, out, _ = _run(capsys, onnx_model, "--budget", "60", "--predictor",
                         str(bundled_model_dir()))
     assert code == 0 and "exact: every order was checked by placement with greedy" in out

@@ -27,6 +27,7 @@ from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.graph.batch import bind_hint
 from travorder.graph.prepare import placed_graph
 from travorder.placement.clusters import PRESETS, Cluster, ClusterSource, load_cluster
+from travorder.placement.orders import ORDERS, identical_orders
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
 from travorder.predictor.model import softmax
@@ -70,7 +71,9 @@ class Recommendation:
     (a runner-up among them, after an order that fits, has regret ``inf``, ``null`` in
     JSON); ``exact``: every traversal order travorder has was checked (all fitted in
     the budget), so ``order`` is the best of all for this placer and seed; ``check_s``:
-    time spent checking.
+    time spent checking; ``same_sequence``: the groups of orders that visit the placed
+    graph in the same node sequence, and so place it alike: they share one prediction
+    (their mean score), one probability of being the best (their total) and one check.
     ``placement``: the checked placement of ``order`` (of the training-step graph that
     `place` and ``--place`` write), not part of `to_dict`.
     """
@@ -95,6 +98,7 @@ class Recommendation:
     over_memory: list[str] = field(default_factory=list)
     exact: bool = False
     check_s: float | None = None
+    same_sequence: list[list[str]] = field(default_factory=list)
     placement: PlacementResult | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,8 +156,9 @@ def recommend_order(model: GraphSource | Any, cluster: ClusterSource = "k80x3", 
     down, then any order the model does not know): the pick always, and then as many as
     fit in the time budget (which starts once the pick is placed, so that loading the
     placer is not counted), simulates each and recommends the fastest; when every order
-    fits the answer is ``exact``. ``verify=k``
-    checks the first ``k`` of those instead. The graph checked is the one `place` and
+    fits the answer is ``exact``. ``verify=k`` checks the first ``k`` of those instead.
+    Orders that visit the graph in one node sequence are placed once and reported under
+    each name (``same_sequence``). The graph checked is the one `place` and
     ``recommend-order --place`` write a placement for (the training-step graph, never
     coarsened), so the step time reported for the recommended order is that of the
     placement they write, unless one device is faster still: they then write the
@@ -222,10 +227,12 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         warnings.insert(0, f"the model learned from {learned_from}'s placements, not "
                            f"{placer}'s: its orders are {learned_from}'s best")
     row |= structure_features(prepared, c, row, est, manifest)
-    scores = est.scores(row)[0]  # once: every tree of the model runs here
-    proba = softmax(scores)
-    regret = est.regret_from_scores(scores)
     names = est.classes_.tolist()
+    # Orders that visit the placed graph in one sequence place it alike: one outcome.
+    same = identical_orders(placed, ORDERS, seed) if c.n_devices > 1 else []
+    scores = _grouped(est.scores(row)[0], names, same, np.mean)  # every tree runs here
+    proba = _grouped(softmax(scores), names, same, np.sum)
+    regret = est.regret_from_scores(scores)
     ranked = est.rank(scores)
     if c.n_devices == 1:  # known, not predicted: every order places all on the one device
         proba, regret = np.full(len(names), 1 / len(names)), np.zeros(len(names))
@@ -236,14 +243,21 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
     verified = placement = check_s = None
     exact, over_memory = False, []
     if (verify or budget is not None) and c.n_devices > 1:  # one device: nothing to check
-        from travorder.placement.orders import ORDERS  # networkx: off the common path
-
-        candidates = [names[j] for j in est.shortlist(row, verify or len(names))[0]]
+        candidates = [names[j] for j in est.shortlist_from_scores(
+            scores[None], verify or len(names))[0]]
         if budget is not None:  # any order: those the model does not know come last
             candidates += [o for o in ORDERS if o not in names]
+        group_of = {o: group for group in same for o in group}
+        first = {}  # per node sequence, the first candidate that visits it
+        for o in candidates:
+            first.setdefault(group_of.get(o, o), o)
         t0 = time.perf_counter()
-        results = _check(placed, c, candidates, placer, seed, budget, options or {})
+        results = _check(placed, c, list(first.values()), placer, seed, budget,
+                         options or {})
         check_s = time.perf_counter() - t0
+        results |= {o: replace(results[first[group_of[o]]], order=o)  # the same placement
+                    for o in candidates if o in group_of and o not in results
+                    and first.get(group_of[o]) in results}
         checked = sorted(results, key=lambda o: (not results[o].feasible,
                                                  results[o].step_time_us))
         ranked = [*checked, *(names[j] for j in ranked if names[j] not in results)]
@@ -260,8 +274,6 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         tied = [o for o in ranked if expected[o] <= regret.min() + est.tie_tolerance_]
         margin = max(expected[o] for o in tied) - min(expected[o] for o in tied)
         if c.n_devices == 1:  # every order of travorder's, known to the model or not
-            from travorder.placement.orders import ORDERS
-
             tied += [o for o in ORDERS if o not in tied]
     best = ranked[0]
     second = next((o for o in ranked if o not in tied), None)
@@ -289,8 +301,28 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         model=description, tied=tied, tie_margin=margin,
         confidence="low" if low else "high", warnings=warnings,
         contributions=contributions, verified=verified, over_memory=over_memory,
-        exact=exact, check_s=check_s,
+        exact=exact, check_s=check_s, same_sequence=[list(group) for group in same],
         placement=placement)
+
+
+def _grouped(values: np.ndarray, names: list[str], same: list[tuple[str, ...]],
+             reduce: Any) -> np.ndarray:
+    """``values`` (one per order of ``names``) with the members of each group of ``same``
+    given ``reduce`` of theirs: one prediction (`np.mean` of the scores) and one
+    probability of being the best (`np.sum`) for the one placement they share.
+
+    >>> v, names = np.array([1.0, 3.0, 5.0]), ["a", "b", "c"]
+    >>> _grouped(v, names, [("a", "c")], np.mean).tolist()
+    [3.0, 3.0, 3.0]
+    >>> _grouped(v, names, [("a", "c")], np.sum).tolist()
+    [6.0, 3.0, 6.0]
+    """
+    out = values.copy()
+    for group in same:
+        idx = [names.index(o) for o in group if o in names]
+        if idx:  # the model may know none of them
+            out[idx] = reduce(values[idx])
+    return out
 
 
 def _slower_by(time_us: float, fastest_us: float) -> float:

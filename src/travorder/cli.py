@@ -1104,7 +1104,12 @@ def cmd_recommend(args: argparse.Namespace) -> None:
                 "" if known == len(ORDERS) else f" (the model knows {known}; "
                 + ("the others are checked after them" if args.budget is not None else
                    "--budget checks the others too") + ")")
-        print(f"  {how} by placement with {args.placer} in {rec.check_s:.2f} s")
+        sequence = {o: i for i, group in enumerate(rec.same_sequence) for o in group}
+        placements = len({sequence.get(o, o) for o in rec.verified})
+        print(f"  {how} by placement with {args.placer} in {rec.check_s:.2f} s" + (
+            "" if placements == len(rec.verified) else
+            f" ({placements} placement{'s' * (placements > 1)}: orders of one node "
+            f"sequence share one)"))
         print("  checked: " + ", ".join(
             f"{o} {t / 1e3:.3f} ms" + (" (over memory)" if o in rec.over_memory else "")
             for o, t in rec.verified.items()))
@@ -1117,6 +1122,9 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         if rec.confidence == "low" and len(rec.tied) < len(rec.expected_regret):
             print("  to be sure: --budget 2 checks the orders by placement and keeps the "
                   "fastest")
+    if rec.same_sequence:
+        print("  one node sequence, one placement: " + "; ".join(
+            " = ".join(group) for group in rec.same_sequence))
     regret = f"{100 * rec.runner_up_regret:.1f}%"
     how = f"measured regret {regret}" if checked and rec.runner_up in rec.verified \
         else f"expected regret {regret}" + (", not checked" if checked else "")

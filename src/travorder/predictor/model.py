@@ -435,11 +435,15 @@ class OrderPredictor:
         recommended order, then the one with the lowest mean regret on the training rows
         (once two orders are checked, the fastest is never worse than always using it),
         then the others as `ranking` has them."""
+        return self.shortlist_from_scores(self.scores(X), k)
+
+    def shortlist_from_scores(self, scores: np.ndarray, k: int) -> np.ndarray:
+        """`shortlist` from precomputed `scores`."""
         self._check_fitted()
         if isinstance(k, bool) or not isinstance(k, Integral) or not (
                 1 <= k <= self.classes_.size):
             raise TravorderError(f"a shortlist holds 1 to {self.classes_.size} orders, got {k}")
-        position = self.ranking(X).argsort(axis=1)  # of each order in the ranking
+        position = self.rank(scores).argsort(axis=1)  # of each order in the ranking
         key = np.where(position == 0, 0, position + 1)
         anchor = self.mean_regret_.argmin()
         key[:, anchor] = np.minimum(key[:, anchor], 1)
