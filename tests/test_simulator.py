@@ -504,6 +504,25 @@ def test_bad_placements():
         sim.run_batch([[0, 1], [0, 7]])
 
 
+def test_times_beyond_a_float_are_refused_not_simulated(recwarn):
+    # once a step of inf us and an efficiency of nan, behind an overflow warning
+    g = OpGraph.from_records([{"name": "a", "flops": 1e12}, {"name": "b", "flops": 1e12}],
+                             [("a", "b", 1e300)], name="big")
+    fine = cluster("link")
+    slow = dataclasses.replace(fine, devices=tuple(
+        dataclasses.replace(d, peak_flops=1e-300) for d in fine.devices))
+    message = (r"^graph 'big' on cluster 'test-link': its op and transfer times add up to "
+               r"more than a float holds; check")
+    with pytest.raises(TravorderError, match=message):
+        Simulator(g, slow)
+    thin = dataclasses.replace(fine, bandwidth=np.full((3, 3), 1e-10))
+    with pytest.raises(TravorderError, match=message):
+        simulate(g, [0, 1], thin)
+    one = dataclasses.replace(thin, devices=fine.devices[:1], bandwidth=1e-10, latency=0.0)
+    assert simulate(g, [0, 0], one).step_time_us < math.inf  # nothing to send
+    assert not recwarn.list
+
+
 @pytest.mark.slow
 def test_batch_kernels_are_compiled_once_across_processes(tmp_path):
     """numba's cache keeps one entry per batch kernel however many processes use it (a

@@ -134,6 +134,8 @@ def test_prepare_graph_expands_and_coarsens():
     ({"graphs": {"corpus": {"families": ["nope"], "size": 3}}}, "unknown setting 'size'"),
     ({"graphs": {"corpus": {"max_nodes": 0}}}, "max_nodes must be a positive integer"),
     ({"graphs": {"corpus": True, "coarsen_max_nodes": -5}}, "coarsen_max_nodes"),
+    ({"graphs": {"corpus": True, "coarsen_max_nodes": 2**63}},  # once a store's traceback
+     r"graphs.coarsen_max_nodes must be an integer in \[0, 2\*\*63\)"),
     ({"graphs": {"corpus": True, "training": "yes"}}, "graphs.training must be true"),
     ({"graphs": {"files": ["no_such_graph.onnx"]}}, "no such graph file"),
 ])
@@ -243,6 +245,22 @@ def test_spec_file_paths_are_relative_to_the_spec(tmp_path):
         (tmp_path / "s.toml").write_text(
             (tmp_path / "s.toml").read_text().replace('"greedy"', '"gredy"'))
         load_spec(tmp_path / "s.toml")
+
+
+def test_a_cluster_too_slow_for_a_float_writes_nothing(tmp_path, capsys):
+    from travorder.cli import main
+
+    (tmp_path / "c.toml").write_text(
+        'name = "crawl"\nlink_model = "link"\ndevices = [{name = "d", count = 2, '
+        'peak_flops = 1e-300, mem_bw = 1e11}]\nlinks = {bandwidth = 1000.0, latency = 1.0}\n')
+    (tmp_path / "s.toml").write_text(
+        'name = "x"\norders = ["topo"]\nclusters = ["c.toml"]\n'
+        '[placer]\nname = "greedy"\n[graphs]\nsynthetic = [{family = "chain"}]\n')
+    store = tmp_path / "s.sqlite"
+    assert main(["study", "run", str(tmp_path / "s.toml"), "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "times add up to more than a float holds" in err
+    assert not store.exists()
 
 
 # ---------------------------------------------------------------------------- jobs

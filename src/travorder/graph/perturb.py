@@ -9,7 +9,9 @@ each factor drawn independently from a mean-preserving log-normal distribution:
 ``exp(sigma * z - sigma**2 / 2)`` with ``z`` standard normal, so its mean is 1 and its
 relative standard deviation ``sqrt(exp(sigma**2) - 1)`` (0.20 for ``sigma = 0.2``,
 0.53 for ``sigma = 0.5``): ``op_noise`` and ``edge_noise`` are the ``sigma`` of the op and
-edge factors. A noise of 0 leaves those costs exactly as they were; the structure,
+edge factors, at most `MAX_NOISE` (3: a relative standard deviation of 90, where measured
+kernels scatter by tens of percent; at a sigma of some tens the draws underflow to 0 and
+lose their mean). A noise of 0 leaves those costs exactly as they were; the structure,
 names, output and parameter bytes never change. Edge noise scatters the bytes each
 transfer moves, and the simulator counts a received copy at its edge's bytes
 (docs/simulator.md), so it moves the memory of received copies too.
@@ -37,13 +39,12 @@ True
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from travorder.errors import GraphError
 from travorder.graph.opgraph import OpGraph
 
+MAX_NOISE = 3.0
 
 def lognormal_factors(rng: np.random.Generator, sigma: float, n: int) -> np.ndarray:
     """``n`` mean-1 log-normal factors of log-scale standard deviation ``sigma`` (all
@@ -54,8 +55,8 @@ def lognormal_factors(rng: np.random.Generator, sigma: float, n: int) -> np.ndar
 def perturb_costs(g: OpGraph, op_noise: float, edge_noise: float, seed: int = 0) -> OpGraph:
     """``g`` with noisy op and edge costs (module docstring)."""
     for what, v in (("op_noise", op_noise), ("edge_noise", edge_noise)):
-        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
-            raise GraphError(f"{what} must be a finite number >= 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_NOISE:
+            raise GraphError(f"{what} must be a number in [0, {MAX_NOISE:g}], got {v!r}")
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
         raise GraphError(f"seed must be an integer >= 0, got {seed!r}")
     if not op_noise and not edge_noise:

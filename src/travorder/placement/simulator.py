@@ -135,6 +135,22 @@ def _lower_bound(graph: OpGraph, times: np.ndarray, rank: np.ndarray,
                _critical_path(graph.topo_order, ptr, idx, path, t_min))
 
 
+def _check_in_range(graph: OpGraph, cluster: Cluster, times: np.ndarray) -> None:
+    """TravorderError unless every op at its slowest and every transfer over the slowest
+    link fit, one after another, in a float: a step is never longer, so none overflows."""
+    off = ~np.eye(cluster.n_devices, dtype=bool)
+    with np.errstate(over="ignore"):
+        total = float(times.max(axis=1, initial=0.0).sum())
+        if off.any():
+            total += (graph.edge_bytes.sum() / cluster.bandwidth[off].min()
+                      + graph.n_edges * (cluster.latency[off].max() + cluster.busy_after_us))
+    if not total < np.inf:
+        raise TravorderError(
+            f"graph {graph.name!r} on cluster {cluster.name!r}: its op and transfer times "
+            f"add up to more than a float holds; check the graph's costs and the "
+            f"cluster's peak_flops, mem_bw and bandwidth")
+
+
 def check_placement(graph: OpGraph, cluster: Cluster, placement: Any) -> np.ndarray:
     """``placement`` as an int64 array (one row per placement if 2-D), or TravorderError."""
     a = np.asarray(placement)
@@ -179,6 +195,7 @@ class Simulator:
         self.graph = graph = check_graph(graph, "Simulator")
         self.cluster = cluster = load_cluster(cluster)  # a preset name or file too
         self.compute_us = compute_times(graph, cluster)
+        _check_in_range(graph, cluster, self.compute_us)
         n = graph.n_nodes
         rank = tie_rank(graph)
         node_at = np.argsort(rank)

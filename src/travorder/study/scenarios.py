@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,10 +45,12 @@ from travorder.errors import TravorderError
 from travorder.featurize.scenario import scenario_features
 from travorder.graph import OpGraph, prepare_graph
 from travorder.graph.batch import check_scalable, scale_batch
-from travorder.graph.perturb import perturb_costs
+from travorder.graph.perturb import MAX_NOISE, perturb_costs
 from travorder.graph.pipeline import check_micro_batches, pipeline_graph
 from travorder.placement.clusters import Cluster, compute_times
 
+#: The largest ``latency_us``: a second (a kernel's floor is some microseconds).
+MAX_LATENCY_US = 1e6
 #: The keys a scenario table may have.
 SCENARIO_KEYS = ("name", "batch", "micro_batches", "memory", "coarsen_max_nodes",
                  "op_noise", "edge_noise", "latency_us", "perturb_seed")
@@ -87,6 +88,23 @@ def training_batch(graph: OpGraph) -> int:
     return IMAGE_TRAINING_BATCH
 
 
+def is_stored_int(value: Any) -> bool:
+    """Whether ``value`` is an integer in [0, 2**63), which a result store's SQLite integer
+    columns hold (True is not one).
+
+    >>> is_stored_int(7), is_stored_int(2**63), is_stored_int(True)
+    (True, False, False)
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _number(value: float) -> str:
+    """``value`` as ``:g`` writes it where that reads back as ``value``, else exactly (so
+    that two settings never share a derived name)."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
+
+
 @dataclass(frozen=True)
 class Scenario:
     """One scenario (see the module docstring); validated on construction."""
@@ -119,18 +137,19 @@ class Scenario:
             raise TravorderError(f"scenario memory must be a fraction in (0, 1] of the "
                                  f"single-device peak, got {f!r}")
         c = self.coarsen_max_nodes
-        if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 0):
-            raise TravorderError(f"scenario coarsen_max_nodes must be an integer >= 0, "
-                                 f"got {c!r}")
-        for key in ("op_noise", "edge_noise", "latency_us"):
+        if c is not None and not is_stored_int(c):
+            raise TravorderError(f"scenario coarsen_max_nodes must be an integer in "
+                                 f"[0, 2**63), got {c!r}")
+        for key, top in (("op_noise", MAX_NOISE), ("edge_noise", MAX_NOISE),
+                         ("latency_us", MAX_LATENCY_US)):
             v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
-                raise TravorderError(f"scenario {key} must be a finite number >= 0, "
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= top:
+                raise TravorderError(f"scenario {key} must be a number in [0, {top:g}], "
                                      f"got {v!r}")
             object.__setattr__(self, key, float(v))  # 5 and 5.0: one definition
-        p = self.perturb_seed
-        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
-            raise TravorderError(f"scenario perturb_seed must be an integer >= 0, got {p!r}")
+        if not is_stored_int(self.perturb_seed):
+            raise TravorderError(f"scenario perturb_seed must be an integer in [0, 2**63), "
+                                 f"got {self.perturb_seed!r}")
         if not isinstance(self.name, str):
             raise TravorderError(f"scenario name must be a string, got {self.name!r}")
         if not self.name:
@@ -141,13 +160,13 @@ class Scenario:
         if self.micro_batches > 1:
             parts.append(f"mb={self.micro_batches}")
         if self.memory is not None:
-            parts.append(f"mem={self.memory:g}")
+            parts.append(f"mem={_number(self.memory)}")
         if self.coarsen_max_nodes is not None:
             parts.append(f"coarsen={self.coarsen_max_nodes}")
         for key, short in (("op_noise", "opnoise"), ("edge_noise", "edgenoise"),
                            ("latency_us", "lat"), ("perturb_seed", "pseed")):
             if getattr(self, key):
-                parts.append(f"{short}={getattr(self, key):g}")
+                parts.append(f"{short}={_number(getattr(self, key))}")
         return ",".join(parts)
 
     @classmethod
@@ -159,6 +178,10 @@ class Scenario:
         if bad:
             raise TravorderError(f"{where}: unknown scenario key {bad[0]!r} (expected "
                                  f"{', '.join(SCENARIO_KEYS)})")
+        if "name" in data and not (isinstance(data["name"], str) and data["name"].strip()):
+            raise TravorderError(f"{where}: scenario name must be a non-empty string (leave "
+                                 f"it out to name the scenario by its settings), got "
+                                 f"{data['name']!r}")
         try:
             return cls(**data)
         except TravorderError as exc:

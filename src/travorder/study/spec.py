@@ -57,7 +57,12 @@ from travorder.errors import FormatError, TravorderError, read_text
 from travorder.graph import OpGraph, load_graph
 from travorder.placement import ORDERS, PLACERS, STUDY_ORDERS, Cluster, load_cluster
 from travorder.placement.placers import canonical_options
-from travorder.study.scenarios import DEFAULT_SCENARIO, Scenario, parse_scenarios
+from travorder.study.scenarios import (
+    DEFAULT_SCENARIO,
+    Scenario,
+    is_stored_int,
+    parse_scenarios,
+)
 
 _TOP_KEYS = ("name", "description", "orders", "seeds", "clusters", "order_seeds", "placer",
              "graphs", "scenarios")
@@ -237,8 +242,7 @@ def _seeds(value: Any, where: str) -> tuple[int, ...]:
                                  f"list of seeds, got {value}")
         return tuple(range(value))
     if (not isinstance(value, list) or not value
-            or not all(isinstance(s, int) and not isinstance(s, bool) and 0 <= s < 2**63
-                       for s in value)):  # 2**63: the store keeps seeds as SQLite integers
+            or not all(is_stored_int(s) for s in value)):
         raise TravorderError(f"{where} must be a positive count or a non-empty list of "
                              f"integers in [0, 2**63), got {value!r}")
     if len(set(value)) != len(value):
@@ -389,9 +393,9 @@ def _parse(data: Mapping[str, Any], base: Path, where: str) -> StudySpec:
     if not isinstance(training, bool):
         raise TravorderError(f"{where}: graphs.training must be true or false")
     max_nodes = graphs.get("coarsen_max_nodes", 0)
-    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 0:
-        raise TravorderError(f"{where}: graphs.coarsen_max_nodes must be a non-negative "
-                             f"integer (0: never coarsen), got {max_nodes!r}")
+    if not is_stored_int(max_nodes):
+        raise TravorderError(f"{where}: graphs.coarsen_max_nodes must be an integer in "
+                             f"[0, 2**63) (0: never coarsen), got {max_nodes!r}")
     corpus = _corpus(graphs.get("corpus", False), base, where)
     files = _files(graphs.get("files", []), base, where)
     synthetic = _synthetic(graphs.get("synthetic", []), where)
