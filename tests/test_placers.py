@@ -312,8 +312,8 @@ def test_placement_file_errors(tmp_path) -> None:
                                              rf"dimensions \(--dim\), or not its training "
                                              rf"step$"):
         load_placement(path, other)
-    with pytest.raises(TravorderError, match=r"placement is for 2 devices, cluster 'k80x3' "
-                                             r"has 3"):
+    with pytest.raises(TravorderError, match=rf"^placement file '{path}' is for 2 devices, "
+                                             r"cluster 'k80x3' has 3$"):
         load_placement(path, CHAINS, load_cluster("k80x3"))
     with pytest.raises(TravorderError, match="cluster 'k80x3' has 3"):  # a preset's name
         load_placement(path, CHAINS, "k80x3")
@@ -348,6 +348,13 @@ def test_placement_file_errors(tmp_path) -> None:
         with pytest.raises(FormatError, match=rf"^placement file '{path}': graph\.{key} must "
                                               rf"be {says}"):
             load_placement(path)
+    for devices in ([], ["d0", 1], "d0"):  # no devices once read as "valid devices 0..-1"
+        write(devices=devices)
+        with pytest.raises(FormatError, match=rf"^placement file '{path}'"):
+            load_placement(path)
+    write(devices=["d0"])
+    with pytest.raises(TravorderError, match=r"is for 1 device, cluster 'k80x3' has 3$"):
+        load_placement(path, CHAINS, "k80x3")
     write(format_version=2)
     with pytest.raises(FormatError, match="format version 2 is not supported"):
         load_placement(path)

@@ -151,6 +151,9 @@ def _read(path: Path) -> dict[str, Any]:
     for key, kind in (("graph", dict), ("devices", list), ("placement", dict)):
         if not isinstance(doc.get(key), kind):
             raise FormatError(f"placement file {str(path)!r} lacks a valid {key!r} entry")
+    if not doc["devices"] or not all(isinstance(d, str) for d in doc["devices"]):
+        raise FormatError(f"placement file {str(path)!r}: devices must be a non-empty list "
+                          f"of device names, got {doc['devices']!r}")
     step = doc["graph"]
     for key, ok, what in (
             ("training", lambda v: isinstance(v, bool), "true or false"),
@@ -208,8 +211,9 @@ def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
         values = list(mapping.values())
     n_dev = len(doc["devices"])
     if cluster is not None and cluster.n_devices != n_dev:
-        raise TravorderError(f"placement is for {n_dev} devices, cluster {cluster.name!r} "
-                             f"has {cluster.n_devices}")
+        raise TravorderError(f"placement file {str(path)!r} is for {n_dev} device"
+                             f"{'s' * (n_dev != 1)}, cluster {cluster.name!r} has "
+                             f"{cluster.n_devices}")
     for name, d in zip(mapping if graph is None else graph.names.tolist(), values,
                        strict=True):
         if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < n_dev:
