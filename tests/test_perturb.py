@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,16 @@ def test_perturbed_study_exports_its_scenario(tmp_path):
     assert row["scenario"] == "batch=train,mb=2,opnoise=0.2,edgenoise=0.2,lat=5"
     assert json.loads(row["scenario_def"])["op_noise"] == 0.2
     assert row["best_time_us"] > 0 and row["s_micro_batches"] == 2
+    # a store whose study records a scenario travorder now refuses names itself
+    with sqlite3.connect(store) as db:
+        (text,) = db.execute("SELECT spec FROM studies").fetchone()
+        doc = json.loads(text)
+        doc["scenarios"][0]["op_noise"] = 1e300
+        db.execute("UPDATE studies SET spec = ?", (json.dumps(doc),))
+    db.close()
+    with pytest.raises(TravorderError, match=rf"^store '{store}', study 's': scenario "
+                                             r"op_noise must be a number in \[0, 3\]"):
+        dataset_frame(store)
 
 
 def test_bundled_perturbed_spec_is_the_greedy_spec_with_noise():

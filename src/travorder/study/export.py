@@ -276,7 +276,7 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
         clusters = dict(store.connection.execute(
             "SELECT cluster_hash, definition FROM clusters").fetchall())
         pairs = pd.read_sql_query("SELECT * FROM pairs", store.connection)
-        scenarios = scenario_definitions(store.connection)
+        scenarios = scenario_definitions(store.connection, str(store_path))
     if jobs.empty:
         raise TravorderError(f"{store_path}: no finished job to export")
     names = set(jobs["order_name"])

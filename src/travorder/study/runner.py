@@ -342,7 +342,8 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
             cleanup.callback(sys.modules["ray"].shutdown)
         store = cleanup.enter_context(ResultStore(store_path))
         cleanup.enter_context(_sole_writer(store.path))
-        _check_scenario_names(spec, scenario_definitions(store.connection), store_path)
+        _check_scenario_names(spec, scenario_definitions(store.connection, str(store_path)),
+                              store_path)
         store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
         done_before = store.done_ids()
         todo = [j for j in all_jobs if j.job_id not in done_before]

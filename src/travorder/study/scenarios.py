@@ -342,10 +342,11 @@ def features_of(graph: OpGraph, cluster: Cluster, compiled: bool = True) -> dict
                              single_device_peak(graph, cluster, compiled))
 
 
-def scenario_definitions(connection: Any) -> dict[str, Scenario]:
-    """The scenarios of every study recorded in a result store's connection, by name."""
-    return {s["name"]: Scenario.from_dict(s)
-            for (spec,) in connection.execute("SELECT spec FROM studies")
+def scenario_definitions(connection: Any, store: str) -> dict[str, Scenario]:
+    """The scenarios of every study recorded in a result store's connection, by name
+    (``store``, the store's path, names it in errors)."""
+    return {s["name"]: Scenario.from_dict(s, f"store {store!r}, study {name!r}")
+            for name, spec in connection.execute("SELECT name, spec FROM studies")
             for s in json.loads(spec).get("scenarios", [])}
 
 
