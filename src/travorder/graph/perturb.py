@@ -44,7 +44,9 @@ import numpy as np
 from travorder.errors import GraphError
 from travorder.graph.opgraph import OpGraph
 
+#: The largest ``op_noise`` and ``edge_noise`` (module docstring).
 MAX_NOISE = 3.0
+
 
 def lognormal_factors(rng: np.random.Generator, sigma: float, n: int) -> np.ndarray:
     """``n`` mean-1 log-normal factors of log-scale standard deviation ``sigma`` (all
