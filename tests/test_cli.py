@@ -227,6 +227,8 @@ def test_clusters_of_one_unlimited_device(capsys, tmp_path):
     code, out, _ = run(capsys, "clusters", str(path))
     assert code == 0 and out.startswith("one: 1 device, link model")
     assert "memory unlimited" in out and "links" not in out
+    path.write_text(path.read_text().replace("1e12", "0.5"))  # once shown as "0 FLOP/s"
+    assert "gpu: 0.5 FLOP/s" in run(capsys, "clusters", str(path))[1]
 
 
 def _cyclic_onnx() -> onnx.ModelProto:

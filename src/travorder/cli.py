@@ -95,7 +95,8 @@ def _human(x: float, unit: str = "") -> str:
     for scale, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"{x / scale:.2f} {prefix}{unit}"
-    return f"{x:.0f} {unit}".rstrip()
+    small = x != 0 and abs(x) < 1  # 0.5 FLOP/s, not 0
+    return f"{x:{'.3g' if small else '.0f'}} {unit}".rstrip()
 
 
 # --------------------------------------------------------------------------- graph
