@@ -404,6 +404,24 @@ def test_a_bad_placer_option_writes_nothing(tmp_path):
         assert st.status() == before and len(before["studies"]) == 1
 
 
+def test_no_more_loky_workers_than_work(tmp_path, monkeypatch):
+    from travorder.study import runner
+
+    asked, real = [], runner._loky
+
+    @contextlib.contextmanager
+    def counting(n_workers, return_as):  # records the pool's size, runs on two at most
+        asked.append(n_workers)
+        with real(min(n_workers, 2), return_as) as parallel:
+            yield parallel
+
+    monkeypatch.setattr(runner, "_loky", counting)
+    s = spec()
+    assert run_study(s, tmp_path / "s.sqlite", jobs=100_000, progress=False).done == 12
+    chunks = len(s.select_graphs()) * len(s.clusters) * len(s.scenarios)
+    assert len(asked) == 2 and max(asked) <= chunks  # once 100,000 workers to start
+
+
 @pytest.mark.slow
 def test_loky_workers_store_the_same_outcomes(tmp_path):
     run_study(spec(), tmp_path / "one.sqlite", jobs=1, progress=False)

@@ -192,10 +192,11 @@ def _run_loky(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: in
               ) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
     from joblib import delayed
 
-    with _loky(n_workers, "generator_unordered") as parallel:
+    chunks = _chunks(jobs)  # no more workers than chunks: --jobs 100000 started them all
+    with _loky(min(n_workers, max(len(chunks), 1)), "generator_unordered") as parallel:
         yield from parallel(delayed(run_jobs_safely)(chunk, *_inputs(chunk[0], graphs,
                                                                      clusters))
-                            for chunk in _chunks(jobs))
+                            for chunk in chunks)
 
 
 def _start_ray(n_workers: int, address: str | None) -> bool:
