@@ -185,14 +185,16 @@ class OpGraph:
         t = _float_array(time_us, n, "time_us", default=np.nan)
         eb = _float_array(edge_bytes, m, "edge_bytes")[edge_order]
         for field, a in [*arrays.items(), ("edge_bytes", eb)]:
-            if not np.all(np.isfinite(a) & (a >= 0)):
-                i = int(np.flatnonzero(~(np.isfinite(a) & (a >= 0)))[0])
+            bad = ~(np.isfinite(a) & (a >= 0))
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
                 where = (f"edge {names_list[src_a[i]]!r} -> {names_list[dst_a[i]]!r}"
                          if field == "edge_bytes" else f"node {names_list[i]!r}")
                 raise GraphError(f"{field} must be finite and non-negative, got {a[i]:g} "
                                  f"on {where}")
-        if np.any(t[~np.isnan(t)] < 0) or np.any(np.isinf(t)):
-            i = int(np.flatnonzero((t < 0) | np.isinf(t))[0])
+        bad = (t < 0) | np.isinf(t)  # NaN is an unknown time
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
             raise GraphError(f"time_us must be finite and non-negative (NaN for unknown), "
                              f"got {t[i]:g} on node {names_list[i]!r}")
         coloc = (np.full(n, -1, dtype=np.int64) if colocation is None

@@ -212,7 +212,7 @@ def load_placement(path: str | os.PathLike[str], graph: OpGraph | None = None,
     n_dev = len(doc["devices"])
     if cluster is not None and cluster.n_devices != n_dev:
         raise TravorderError(f"placement file {str(path)!r} is for {n_dev} device"
-                             f"{'s' * (n_dev != 1)}, cluster {cluster.name!r} has "
+                             f"{'s' if n_dev != 1 else ''}, cluster {cluster.name!r} has "
                              f"{cluster.n_devices}")
     for name, d in zip(mapping if graph is None else graph.names.tolist(), values,
                        strict=True):

@@ -98,7 +98,7 @@ def is_stored_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
 
 
-def _number(value: float) -> str:
+def _exactly(value: float) -> str:
     """``value`` as ``:g`` writes it where that reads back as ``value``, else exactly (so
     that two settings never share a derived name)."""
     short = f"{value:g}"
@@ -160,13 +160,13 @@ class Scenario:
         if self.micro_batches > 1:
             parts.append(f"mb={self.micro_batches}")
         if self.memory is not None:
-            parts.append(f"mem={_number(self.memory)}")
+            parts.append(f"mem={_exactly(self.memory)}")
         if self.coarsen_max_nodes is not None:
             parts.append(f"coarsen={self.coarsen_max_nodes}")
         for key, short in (("op_noise", "opnoise"), ("edge_noise", "edgenoise"),
                            ("latency_us", "lat"), ("perturb_seed", "pseed")):
             if getattr(self, key):
-                parts.append(f"{short}={_number(getattr(self, key))}")
+                parts.append(f"{short}={_exactly(getattr(self, key))}")
         return ",".join(parts)
 
     @classmethod
