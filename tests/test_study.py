@@ -149,6 +149,10 @@ def test_spec_errors(changes, message):
     ({"corpus": {"max_nodes": 1}}, "graphs.corpus: no graph of the corpus passes"),
     ({"synthetic": [{"family": "chain", "params": {"n_layers": -1}}]},
      "graphs.synthetic family 'chain': n_layers"),
+    ({"synthetic": [{"family": "chain", "params": {"n_layers": 10**8}}]},
+     "graphs.synthetic family 'chain': n_layers must be an integer from 1 to 100,000"),
+    ({"synthetic": [{"family": "rnn", "params": {"timesteps": 100_000}}]},
+     "graphs.synthetic family 'rnn': this rnn graph grows past 100,000 ops"),
 ])
 def test_selection_errors_name_the_spec_and_the_setting(graphs, message):
     spec = StudySpec.from_dict({**SMALL, "graphs": graphs}, source="study spec 's.toml'")

@@ -245,16 +245,41 @@ def test_random_dag_has_the_requested_size_and_one_source() -> None:
 
 
 @pytest.mark.parametrize(("family", "kwargs", "message"), [
-    ("chain", {"n_layers": 0}, "n_layers must be a positive integer"),
+    ("chain", {"n_layers": 0}, "n_layers must be an integer from 1 to 100,000, got 0"),
+    ("chain", {"n_layers": 10**8}, "n_layers must be an integer from 1 to 100,000"),
+    ("chain", {"n_layers": True}, "n_layers must be an integer"),
+    ("chain", {"width": "64"}, "width must be an integer from 1 to 100,000, got '64'"),
     ("chain", {"kind": "cnn"}, "kind must be one of conv, mlp"),
-    ("resnet", {"blocks": ()}, "blocks must be a positive integer"),
+    ("inception", {"width": 0}, "width must be"),
+    ("resnet", {"blocks": ()}, "blocks must be a non-empty list of integers from 1"),
+    ("resnet", {"bottleneck": 1}, "bottleneck must be true or false, got 1"),
     ("densenet", {"blocks": (2, -1)}, "blocks must be"),
-    ("unet", {"depth": 4, "image_size": 200}, "multiple of 2\\*\\*depth = 16"),
+    ("densenet", {"growth_rate": 2.5}, "growth_rate must be"),
+    ("unet", {"depth": 4, "image_size": 200}, r"multiple of 2\*\*depth \(image_size 200, "
+                                             r"depth 4\)"),
+    ("unet", {"depth": 100_000}, "multiple of 2"),
     ("transformer", {"kind": "vit"}, "kind must be one of encoder, decoder"),
     ("rnn", {"batch_size": 0}, "batch_size must be"),
     ("seq2seq", {"hidden": 0}, "hidden must be"),
+    ("enas_cnn", {"channels": 0}, "channels must be"),
     ("random_dag", {"n_nodes": 2.5}, "n_nodes must be"),
+    ("random_dag", {"max_in_degree": 65}, "max_in_degree must be at most 64, got 65"),
+    ("random_dag", {"name": 7}, "name must be a string, got 7"),
 ])
 def test_bad_parameters(family: str, kwargs: dict, message: str) -> None:
     with pytest.raises(TravorderError, match=message):
+        SYNTHETIC_FAMILIES[family](0, **kwargs)
+
+
+def test_a_negative_seed_is_an_error() -> None:
+    with pytest.raises(TravorderError, match="seed must be a non-negative integer, got -1"):
+        SYNTHETIC_FAMILIES["chain"](-1)
+
+
+@pytest.mark.parametrize(("family", "kwargs"), [
+    ("chain", {"n_layers": 100_000}), ("transformer", {"n_layers": 100_000}),
+    ("rnn", {"cell_nodes": 100_000}), ("seq2seq", {"src_len": 100_000}),
+])
+def test_a_graph_past_max_ops_is_an_error_as_it_grows(family: str, kwargs: dict) -> None:
+    with pytest.raises(TravorderError, match=f"^this {family} graph grows past 100,000 ops"):
         SYNTHETIC_FAMILIES[family](0, **kwargs)

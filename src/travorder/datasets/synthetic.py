@@ -4,12 +4,14 @@ Every generator in :data:`SYNTHETIC_FAMILIES` takes a ``seed`` and size paramete
 defaults, and is deterministic per seed: the same arguments give the same graph (same
 ``graph_hash``). Size parameters left as ``None`` (channels, image size, hidden size,
 sequence length...) are drawn from ranges seen in real models, so one family covers a
-spread of shapes. Graphs carry ONNX operator names (``Conv``, ``MatMul``, ``Softmax``...)
-at the granularity of torch's ONNX export of a training-mode forward pass (as
-:mod:`travorder.datasets.zoo` builds real models), so op-type features mean the same on
-synthetic and imported graphs: a BatchNormalization after every Conv, GlobalAveragePool
-and Flatten before the classifier, attention as MatMul/Softmax chains with
-Reshape/Transpose around the heads, Dropout where HuggingFace models have it.
+spread of shapes. Sizes are integers from 1 to :data:`MAX_SIZE` and a graph has at most
+:data:`MAX_OPS` ops; a bad argument is one `TravorderError` naming it. Graphs carry ONNX
+operator names (``Conv``, ``MatMul``, ``Softmax``...) at the granularity of torch's ONNX
+export of a training-mode forward pass (as :mod:`travorder.datasets.zoo` builds real
+models), so op-type features mean the same on synthetic and imported graphs: a
+BatchNormalization after every Conv, GlobalAveragePool and Flatten before the
+classifier, attention as MatMul/Softmax chains with Reshape/Transpose around the heads,
+Dropout where HuggingFace models have it.
 ``seq2seq`` and ``rnn`` split each recurrent cell into its gate ops, as the TensorFlow
 graphs of the study did.
 
@@ -77,12 +79,14 @@ True
 from __future__ import annotations
 
 import argparse
+import functools
+import inspect
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args, get_type_hints
 
 import numpy as np
 
@@ -99,6 +103,9 @@ from travorder.graph.opgraph import OpGraph
 BUILDER = "travorder.datasets.synthetic"
 #: Version of the generators; bump it whenever a generator's output changes.
 BUILDER_VERSION = 1
+#: The largest size parameter a generator takes, and the most ops it builds: a mistyped
+#: size fails at once with a clear error instead of building for minutes.
+MAX_SIZE = MAX_OPS = 100_000
 
 _ITEMSIZE = 4  # float32
 _Shape = tuple[int, ...]
@@ -119,7 +126,6 @@ class _Net:
     """
 
     def __init__(self, family: str, seed: int, batch_size: int) -> None:
-        _check_positive(batch_size=batch_size)
         self.family, self.seed, self.batch = family, seed, int(batch_size)
         self.rng = np.random.default_rng(seed)
         self.records: list[dict[str, Any]] = []
@@ -158,6 +164,9 @@ class _Net:
         k = self._used.get(base, 0)
         self._used[base] = k + 1
         i = len(self.records)
+        if i == MAX_OPS:
+            raise TravorderError(f"this {self.family} graph grows past {MAX_OPS:,} ops: "
+                                 f"lower its size parameters")
         out = float(_numel(shape) * _ITEMSIZE)
         self.records.append({"name": base if k == 0 else f"{base}_{k}", "op_type": op_type,
                              "flops": float(flops), "output_bytes": out,
@@ -191,7 +200,6 @@ class _Net:
 
     def image(self, image_size: int | None, sizes: Sequence[int], channels: int = 3) -> int:
         s = self.draw(image_size, sizes)
-        _check_positive(image_size=s)
         return self.input((self.batch, channels, s, s))
 
     # ------------------------------------------------------------ CNN layers (NCHW)
@@ -294,12 +302,41 @@ class _Net:
         return self.op("Split", [x], shape, 0.0, send=_numel(shape) * _ITEMSIZE / parts)
 
 
-def _check_positive(**values: Any) -> None:
-    for key, v in values.items():
-        items = list(v) if isinstance(v, (tuple, list)) else [v]
-        if not items or any(not isinstance(x, (int, np.integer)) or x < 1 for x in items):
-            raise TravorderError(f"{key} must be a positive integer or a non-empty list of "
-                                 f"them, got {v!r}")
+def _family(generator: Callable[..., OpGraph]) -> Callable[..., OpGraph]:
+    """``generator`` with its arguments checked against their annotations: sizes are
+    integers in [1, :data:`MAX_SIZE`] (``blocks`` a non-empty list of them), the seed a
+    non-negative integer, flags booleans and names strings; ``None`` draws a value."""
+    signature = inspect.signature(generator)
+    hints = get_type_hints(generator)
+
+    @functools.wraps(generator)
+    def checked(*args: Any, **kwargs: Any) -> OpGraph:
+        for key, value in signature.bind(*args, **kwargs).arguments.items():
+            _check_argument(key, value, hints[key])
+        return generator(*args, **kwargs)
+
+    return checked
+
+
+def _check_argument(key: str, value: Any, hint: Any) -> None:
+    def is_int(v: Any, low: int = 1, high: float = MAX_SIZE) -> bool:
+        return isinstance(v, (int, np.integer)) and not isinstance(v, bool) and low <= v <= high
+
+    if value is None and type(None) in get_args(hint):
+        return
+    if key == "seed":
+        ok, what = is_int(value, 0, math.inf), "a non-negative integer"
+    elif hint in (int, int | None):
+        ok, what = is_int(value), f"an integer from 1 to {MAX_SIZE:,}"
+    elif hint == Sequence[int]:
+        ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(map(is_int, value))
+        what = f"a non-empty list of integers from 1 to {MAX_SIZE:,}"
+    elif hint == bool | None:
+        ok, what = isinstance(value, (bool, np.bool_)), "true or false"
+    else:
+        ok, what = isinstance(value, str), "a string"
+    if not ok:
+        raise TravorderError(f"{key} must be {what}, got {value!r}")
 
 
 def _widths(net: _Net, total: int, parts: int, low: int = 16) -> list[int]:
@@ -309,6 +346,7 @@ def _widths(net: _Net, total: int, parts: int, low: int = 16) -> list[int]:
 
 
 # ============================================================== families
+@_family
 def chain(seed: int = 0, *, n_layers: int = 16, kind: str | None = None,
           width: int | None = None, image_size: int | None = None, batch_size: int = 32,
           name: str | None = None) -> OpGraph:
@@ -317,7 +355,6 @@ def chain(seed: int = 0, *, n_layers: int = 16, kind: str | None = None,
     ``n_layers`` layers of Conv(+BatchNormalization)+Relu with max pooling between stages,
     or of Gemm+Relu; then a classifier.
     """
-    _check_positive(n_layers=n_layers)
     net = _Net("chain", seed, batch_size)
     kind = net.draw(kind, ("conv", "mlp"), "kind")
     if kind == "conv":
@@ -342,13 +379,13 @@ def chain(seed: int = 0, *, n_layers: int = 16, kind: str | None = None,
     return net.graph(name)
 
 
+@_family
 def inception(seed: int = 0, *, n_modules: int = 9, width: int | None = None,
               image_size: int | None = None, batch_size: int = 32,
               name: str | None = None) -> OpGraph:
     """Inception-style: a stem, then ``n_modules`` modules of 3-5 parallel branches
     (1x1 conv; 1x1 then one or two 3x3/5x5 convs; pooling then 1x1) joined by Concat,
     with reduction modules (strided branches) at one and two thirds."""
-    _check_positive(n_modules=n_modules)
     net = _Net("inception", seed, batch_size)
     x = net.image(image_size, (96, 128, 160, 224, 299))
     c = net.draw(width, (32, 48, 64))
@@ -381,13 +418,13 @@ def inception(seed: int = 0, *, n_modules: int = 9, width: int | None = None,
     return net.graph(name)
 
 
+@_family
 def resnet(seed: int = 0, *, blocks: Sequence[int] = (2, 2, 2, 2), bottleneck: bool | None = None,
            width: int | None = None, image_size: int | None = None, batch_size: int = 32,
            name: str | None = None) -> OpGraph:
     """ResNet-style: a stem, then one stage per entry of ``blocks`` (that many residual
     blocks, basic or bottleneck), each stage halving the resolution; a projection
     (1x1 conv) on the skip path where the shape changes."""
-    _check_positive(blocks=blocks)
     net = _Net("resnet", seed, batch_size)
     x = net.image(image_size, (32, 64, 128, 224))
     bottleneck = net.draw(bottleneck, (False, True), "bottleneck")
@@ -418,13 +455,13 @@ def resnet(seed: int = 0, *, blocks: Sequence[int] = (2, 2, 2, 2), bottleneck: b
     return net.graph(name)
 
 
+@_family
 def densenet(seed: int = 0, *, blocks: Sequence[int] = (6, 12, 24, 16),
              growth_rate: int | None = None, image_size: int | None = None,
              batch_size: int = 32, name: str | None = None) -> OpGraph:
     """DenseNet-style: dense blocks whose every layer reads the Concat of the block input
     and all earlier layers' outputs (BN-Relu-1x1 conv-BN-Relu-3x3 conv), with transition
     layers (BN-Relu-1x1 conv-AveragePool) between blocks."""
-    _check_positive(blocks=blocks)
     net = _Net("densenet", seed, batch_size)
     x = net.image(image_size, (32, 64, 128, 224))
     k = net.draw(growth_rate, (12, 24, 32, 48))
@@ -447,17 +484,18 @@ def densenet(seed: int = 0, *, blocks: Sequence[int] = (6, 12, 24, 16),
     return net.graph(name)
 
 
+@_family
 def unet(seed: int = 0, *, depth: int = 4, convs_per_level: int = 2,
          base_channels: int | None = None, image_size: int | None = None,
          batch_size: int = 8, name: str | None = None) -> OpGraph:
     """U-Net: ``depth`` encoder levels (convs then MaxPool), a bottleneck, and ``depth``
     decoder levels (ConvTranspose, Concat with the encoder level's output: the long
     skips, convs), then a 1x1 conv per class."""
-    _check_positive(depth=depth, convs_per_level=convs_per_level)
     net = _Net("unet", seed, batch_size)
     x = net.image(image_size, (128, 192, 256, 384, 512))
     if net.shapes[x][2] % 2**depth:
-        raise TravorderError(f"image_size must be a multiple of 2**depth = {2**depth}")
+        raise TravorderError(f"image_size must be a multiple of 2**depth (image_size "
+                             f"{net.shapes[x][2]}, depth {depth})")
     c = net.draw(base_channels, (16, 32, 64))
 
     def convs(y: int, ch: int) -> int:
@@ -480,6 +518,7 @@ def unet(seed: int = 0, *, depth: int = 4, convs_per_level: int = 2,
     return net.graph(name)
 
 
+@_family
 def transformer(seed: int = 0, *, n_layers: int = 6, kind: str | None = None,
                 d_model: int | None = None, seq_len: int | None = None,
                 batch_size: int = 8, name: str | None = None) -> OpGraph:
@@ -488,12 +527,10 @@ def transformer(seed: int = 0, *, n_layers: int = 6, kind: str | None = None,
     residual Adds, LayerNormalization and Dropout (embeddings, attention probabilities,
     both residual branches). ``kind="encoder"`` is post-LN with a pooler (BERT-like),
     ``"decoder"`` pre-LN with a causal mask and an LM head (GPT-like)."""
-    _check_positive(n_layers=n_layers)
     net = _Net("transformer", seed, batch_size)
     kind = net.draw(kind, ("encoder", "decoder"), "kind")
     d = net.draw(d_model, (256, 384, 512, 768, 1024))
     t = net.draw(seq_len, (64, 128, 256))
-    _check_positive(d_model=d, seq_len=t)
     heads = max(1, d // 64)
     dh, b = d // heads, net.batch
     vocab = int(net.draw(None, (8000, 30522, 32000, 50257)))
@@ -554,16 +591,15 @@ def _lstm_cell(net: _Net, inputs: Sequence[int], c: int | None, hidden: int,
     return h, c_new
 
 
+@_family
 def seq2seq(seed: int = 0, *, src_len: int = 20, tgt_len: int = 20, n_layers: int = 2,
             hidden: int | None = None, batch_size: int = 64,
             name: str | None = None) -> OpGraph:
     """An NMT encoder-decoder unrolled over time: a stacked LSTM encoder over ``src_len``
     steps, a stacked LSTM decoder over ``tgt_len`` steps with Luong attention over all
     encoder outputs (input feeding) and a vocabulary projection per step."""
-    _check_positive(src_len=src_len, tgt_len=tgt_len, n_layers=n_layers)
     net = _Net("seq2seq", seed, batch_size)
     hd = net.draw(hidden, (256, 512, 1024))
-    _check_positive(hidden=hd)
     b = net.batch
     vocab = int(net.draw(None, (8000, 16000, 32000)))
     ids = net.input((b,))
@@ -605,6 +641,7 @@ def seq2seq(seed: int = 0, *, src_len: int = 20, tgt_len: int = 20, n_layers: in
 _RNN_ACTS = ("Tanh", "Relu", "Sigmoid", "Identity")
 
 
+@_family
 def rnn(seed: int = 0, *, timesteps: int = 20, cell_nodes: int = 8, hidden: int | None = None,
         batch_size: int = 64, name: str | None = None) -> OpGraph:
     """ENAS recurrent cells (PTB language model) unrolled over ``timesteps``.
@@ -614,15 +651,13 @@ def rnn(seed: int = 0, *, timesteps: int = 20, cell_nodes: int = 8, hidden: int 
     ``c*f(W h) + (1-c)*h``; the cell output is the mean of the nodes nothing reads. Deep and
     narrow: the steps form a long chain.
     """
-    _check_positive(timesteps=timesteps, cell_nodes=cell_nodes)
     net = _Net("rnn", seed, batch_size)
     hd = net.draw(hidden, (200, 400, 650, 1000))
-    _check_positive(hidden=hd)
     b = net.batch
     vocab = 10000
     parents = [int(net.rng.integers(j)) for j in range(1, cell_nodes)]
     acts = [_RNN_ACTS[int(i)] for i in net.rng.integers(len(_RNN_ACTS), size=cell_nodes)]
-    loose = [j for j in range(cell_nodes) if j not in parents]
+    loose = sorted(set(range(cell_nodes)) - set(parents))
     ids = net.input((b,))
     h_prev = None
     outputs = []
@@ -659,6 +694,7 @@ def rnn(seed: int = 0, *, timesteps: int = 20, cell_nodes: int = 8, hidden: int 
 _ENAS_OPS = ("sep3", "sep5", "avg3", "max3", "identity")
 
 
+@_family
 def enas_cnn(seed: int = 0, *, n_cells: int = 8, cell_nodes: int = 5,
              channels: int | None = None, image_size: int | None = None,
              batch_size: int = 32, name: str | None = None) -> OpGraph:
@@ -667,7 +703,6 @@ def enas_cnn(seed: int = 0, *, n_cells: int = 8, cell_nodes: int = 5,
     output (calibrated by Relu-1x1 conv-BN, strided across resolutions); each of its
     ``cell_nodes`` nodes adds two random ops (separable 3x3/5x5 conv, 3x3 avg/max pool,
     identity) on two random earlier tensors; unused nodes are concatenated."""
-    _check_positive(n_cells=n_cells, cell_nodes=cell_nodes)
     net = _Net("enas_cnn", seed, batch_size)
     x = net.image(image_size, (32, 32, 64))
     c = net.draw(channels, (20, 32, 36, 48))
@@ -712,6 +747,7 @@ def enas_cnn(seed: int = 0, *, n_cells: int = 8, cell_nodes: int = 5,
     return net.graph(name)
 
 
+@_family
 def random_dag(seed: int = 0, *, n_nodes: int = 100, n_layers: int | None = None,
                max_in_degree: int = 3, batch_size: int = 32,
                name: str | None = None) -> OpGraph:
@@ -719,13 +755,15 @@ def random_dag(seed: int = 0, *, n_nodes: int = 100, n_layers: int | None = None
     ``sqrt(n_nodes)``, drawn), each node reads a node of the previous layer and up to
     ``max_in_degree - 1`` more from any earlier layer; every node but the last layer's
     feeds a later one. Op types follow the in-degree (Add/Concat/Mul to join, else Conv,
-    BatchNormalization, Relu, pooling...); resolution shrinks and channels grow with depth."""
-    _check_positive(n_nodes=n_nodes, max_in_degree=max_in_degree)
+    BatchNormalization, Relu, pooling...); resolution shrinks and channels grow with depth.
+    ``max_in_degree`` is at most 64: each node draws its extra inputs among all earlier
+    nodes, which at thousands of inputs per node takes minutes."""
+    if max_in_degree > 64:
+        raise TravorderError(f"max_in_degree must be at most 64, got {max_in_degree}")
     net = _Net("random_dag", seed, batch_size)
     rng = net.rng
     if n_layers is None:
         n_layers = max(2, round(math.sqrt(n_nodes) * rng.uniform(0.6, 1.6)))
-    _check_positive(n_layers=n_layers)
     n_layers = min(n_layers, n_nodes)
     # layer 0 is node 0 alone; the other nodes are cut into n_layers - 1 layers
     cuts = rng.choice(np.arange(2, n_nodes), max(0, n_layers - 2), replace=False)
