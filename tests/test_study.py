@@ -409,17 +409,15 @@ def test_a_bad_placer_option_writes_nothing(tmp_path):
 
 
 def test_no_more_loky_workers_than_work(tmp_path, monkeypatch):
-    from travorder.study import runner
+    import joblib
 
-    asked, real = [], runner._loky
+    asked, real = [], joblib.Parallel
 
-    @contextlib.contextmanager
-    def counting(n_workers, return_as):  # records the pool's size, runs on two at most
-        asked.append(n_workers)
-        with real(min(n_workers, 2), return_as) as parallel:
-            yield parallel
+    def counting(n_jobs, **kwargs):  # records the pool's size, runs on two at most
+        asked.append(n_jobs)
+        return real(n_jobs=min(n_jobs, 2), **kwargs)
 
-    monkeypatch.setattr(runner, "_loky", counting)
+    monkeypatch.setattr(joblib, "Parallel", counting)
     s = spec()
     assert run_study(s, tmp_path / "s.sqlite", jobs=100_000, progress=False).done == 12
     chunks = len(s.select_graphs()) * len(s.clusters) * len(s.scenarios)

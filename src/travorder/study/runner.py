@@ -120,7 +120,7 @@ def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
     todo = sorted(wanted)
     prepared_graphs: Graphs = {}
     clusters: Clusters = {}
-    with _loky(min(n_workers, max(len(todo), 1)), "generator") as parallel, \
+    with _loky(n_workers, len(todo), "generator") as parallel, \
             progress_bar(progress and bool(todo)) as bar:
         results = parallel(delayed(_prepare_one)(spec, by_name[g], scenarios[s])
                            for g, s in todo)
@@ -168,13 +168,14 @@ def _exit_with_parent(parent: int, interval_s: float = 0.5) -> None:
 
 
 @contextlib.contextmanager
-def _loky(n_workers: int, return_as: str) -> Iterator[Any]:
-    """A joblib loky pool whose workers end with this process (`_exit_with_parent`)."""
+def _loky(n_workers: int, n_tasks: int, return_as: str) -> Iterator[Any]:
+    """A joblib loky pool whose workers end with this process (`_exit_with_parent`), of
+    no more workers than tasks (``--jobs 100000`` once started them all)."""
     from joblib import Parallel, parallel_config
 
     with parallel_config(backend="loky", initializer=_exit_with_parent,
                          initargs=(os.getpid(),)):
-        yield Parallel(n_jobs=n_workers, return_as=return_as)
+        yield Parallel(n_jobs=min(n_workers, max(n_tasks, 1)), return_as=return_as)
 
 
 def _shutdown_loky() -> None:
@@ -192,8 +193,8 @@ def _run_loky(jobs: list[Job], graphs: Graphs, clusters: Clusters, n_workers: in
               ) -> Iterator[list[tuple[Job, dict[str, Any]]]]:
     from joblib import delayed
 
-    chunks = _chunks(jobs)  # no more workers than chunks: --jobs 100000 started them all
-    with _loky(min(n_workers, max(len(chunks), 1)), "generator_unordered") as parallel:
+    chunks = _chunks(jobs)
+    with _loky(n_workers, len(chunks), "generator_unordered") as parallel:
         yield from parallel(delayed(run_jobs_safely)(chunk, *_inputs(chunk[0], graphs,
                                                                      clusters))
                             for chunk in chunks)
