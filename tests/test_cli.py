@@ -287,6 +287,7 @@ def _placement_cases(tmp_path, model, capsys):
         (tmp_path / name).write_text(json.dumps(d))
     return [
         (["simulate", model, str(tmp_path / "nameless.json")], "give --cluster"),
+        (["simulate", model, str(good), "--cluster", ""], "unknown cluster ''"),
         (["convert", model, str(tmp_path / "out.onnx")], "ending in .json.gz"),
         (["simulate", model, str(good), "--trace", str(tmp_path / "t.json"), "--gantt",
           str(tmp_path / "no" / "g.png")], "no such directory"),

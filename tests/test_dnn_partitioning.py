@@ -110,6 +110,9 @@ def _broken(change) -> dict:
      FormatError, "node 81 has fpgaLatency=-1, expected a number >= 0"),
     ("latency too large", _broken(lambda d: d["nodes"][1].update(fpgaLatency=1e308)),
      FormatError, "node 81's fpgaLatency is too large"),
+    ("latency beyond int64", _broken(lambda d: d["nodes"][1].update(fpgaLatency=10**40)),
+     FormatError, "node 81 has fpgaLatency=10000000000000000000000000000000000000000, "
+                  "expected a number"),  # once an OverflowError traceback
     ("latency a boolean", _broken(lambda d: d["nodes"][1].update(fpgaLatency=True)),
      FormatError, "node 81 has fpgaLatency=True, expected a number"),
     ("negative edge size", _broken(lambda d: d["edges"][0].update(size=-5)),

@@ -459,10 +459,11 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             raise
         raise DimsError(f"{exc}; the dimensions are those of placement file "
                         f"{args.placement!r}: a placement of another model?") from None
-    if not args.cluster and not isinstance(doc.get("cluster"), dict):
+    if args.cluster is None and not isinstance(doc.get("cluster"), dict):
         raise TravorderError(f"placement file {args.placement!r} does not say its cluster: "
                              f"give --cluster")
-    cluster = load_cluster(args.cluster) if args.cluster else Cluster.from_dict(doc["cluster"])
+    cluster = (Cluster.from_dict(doc["cluster"]) if args.cluster is None
+               else load_cluster(args.cluster))
     placement, _ = load_placement(args.placement, g, cluster)
     sim = Simulator(g, cluster)
     if args.trace or args.gantt:

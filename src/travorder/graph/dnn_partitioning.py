@@ -182,8 +182,11 @@ def _field(obj: dict[str, Any], key: str, kind: type, source: str, where: str) -
     if key not in obj:
         raise FormatError(f"{source}: {where} has no {key!r}")
     value = obj[key]
-    if not (isinstance(value, int | float) and (kind is bool or not isinstance(value, bool))
-            and math.isfinite(value) and (kind is not int or value == int(value))
+    # an int beyond int64 is no cost or id either, and math.isfinite overflows on it
+    number = ((isinstance(value, float) and math.isfinite(value))
+              or (isinstance(value, int) and abs(value) < 2**63))
+    if not (number and (kind is bool or not isinstance(value, bool))
+            and (kind is not int or value == int(value))
             and (kind is not float or value >= 0) and (kind is not bool or value in (0, 1))):
         expected = {int: "a whole number", float: "a number >= 0",
                     bool: "true, false, 0 or 1"}[kind]

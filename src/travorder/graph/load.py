@@ -59,9 +59,9 @@ def check_dims(dims: object) -> None:
         if not isinstance(name, str) or not name:
             raise DimsError(f"dims must map symbolic dimension names (strings) to integers, "
                             f"e.g. {{'batch': 8}}, got the key {name!r}")
-        if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-            raise DimsError(f"symbolic dimension {name} must be bound to an integer >= 1, "
-                            f"not {value!r}")
+        if isinstance(value, bool) or not isinstance(value, Integral) or not 1 <= value < 2**63:
+            raise DimsError(f"symbolic dimension {name} must be bound to an integer from 1 "
+                            f"to 2**63 - 1, not {value!r}")
 
 
 def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) -> OpGraph:
