@@ -64,6 +64,9 @@ def test_names_fall_back_to_ids_and_repeated_edges_merge():
     assert g.n_edges == 3 and g.edge_bytes.tolist()[1] == 1572864.0  # largest kept
     d["nodes"][1]["name"] = "74"  # a name that is another node's id
     assert from_dnn_partitioning(d).names.tolist() == ["0", "74", "id74", "90"]
+    d["nodes"][0]["name"], d["nodes"][3]["name"] = "same", "id74"  # the fallback's too:
+    assert from_dnn_partitioning(d).names.tolist() == ["0", "74", "idid74", "id74"]  # was
+    # "duplicate node name 'id74'"
 
 
 def test_file_path_and_load_graph(tmp_path):

@@ -451,6 +451,11 @@ def _write(tmp_path, name, data: bytes):
     ("model without nodes", lambda p: _write(p, "n.onnx", helper.make_model(
         helper.make_graph([], "g", [], [])).SerializeToString()),
      r"not an ONNX model \(no graph nodes\)"),
+    ("model of Constants only", lambda p: _write(p, "c.onnx", helper.make_model(helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=numpy_helper.from_array(
+            np.ones(4, np.float32)))], "g", [],
+        [helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, [4])])).SerializeToString()),
+     "the graph has only Constant nodes, no op to place"),  # once a graph of 0 nodes
     ("another protobuf", lambda p: _write(p, "w.onnx", numpy_helper.from_array(
         np.ones(4, np.float32), "w").SerializeToString()), "not an ONNX model"),
 ])

@@ -105,7 +105,7 @@ def from_dnn_partitioning(
     labels = [str(n.get("name") or "") for n in nodes]
     counts = Counter(labels)
     unique = {lab for lab, c in counts.items() if lab and c == 1}
-    names = [lab if lab in unique else str(i) if str(i) not in unique else f"id{i}"
+    names = [lab if lab in unique else _free_name(str(i), unique)
              for lab, i in zip(labels, ids, strict=True)]
 
     pairs: dict[tuple[int, int], float] = {}
@@ -174,6 +174,13 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
+
+
+def _free_name(name: str, taken: set[str]) -> str:
+    """``name``, prefixed by ``id`` as often as it takes not to be one of ``taken``."""
+    while name in taken:
+        name = f"id{name}"
+    return name
 
 
 def _field(obj: dict[str, Any], key: str, kind: type, source: str, where: str) -> Any:

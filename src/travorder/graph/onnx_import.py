@@ -78,7 +78,7 @@ def read_onnx(
     (recorded as ``meta["dims"]``).
 
     Raises :class:`FormatError` (one line) for a file that is missing, empty, not an
-    ONNX model, without nodes, or with control-flow subgraphs, and
+    ONNX model, without nodes (or with Constants only), or with control-flow subgraphs, and
     :class:`~travorder.errors.GraphError` for a cyclic graph.
     """
     model, where = _load(source)
@@ -131,6 +131,8 @@ def _load(source: OnnxSource) -> tuple[ModelProto, str]:
                        where)
     if not model.graph.node:
         raise FormatError(f"{where}: not an ONNX model (no graph nodes)")
+    if all(_is_constant(n) for n in model.graph.node):  # constants are weights, not ops
+        raise FormatError(f"{where}: the graph has only Constant nodes, no op to place")
     return model, where
 
 
