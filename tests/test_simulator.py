@@ -523,6 +523,23 @@ def test_times_beyond_a_float_are_refused_not_simulated(recwarn):
     assert not recwarn.list
 
 
+def test_compiles_uncached_where_numba_has_nowhere_to_write():
+    """With no folder numba can cache in (a read-only install, no writable home folder:
+    here no cache locator at all), the compiled modules import and compile in memory
+    (numba raised at import)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import travorder.placement.rl.trainer\n"
+            "from travorder.placement._jit import CACHE\n"
+            "print(CACHE)\n")
+    env = {**os.environ, "NUMBA_CACHE_LOCATOR_CLASSES": "IPythonCacheLocator"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, check=True,
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "False"
+
+
 @pytest.mark.slow
 def test_batch_kernels_are_compiled_once_across_processes(tmp_path):
     """numba's cache keeps one entry per batch kernel however many processes use it (a

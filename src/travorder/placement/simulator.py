@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import check_graph
+from travorder.placement._jit import jit
 from travorder.placement.clusters import (
     LINK_MODELS,
     Cluster,
@@ -314,7 +315,7 @@ def _name_rank(graph: OpGraph) -> np.ndarray:
 # --------------------------------------------------------------------- compiled core
 
 
-@njit(cache=True)
+@jit()
 def _critical_path(topo: np.ndarray, ptr: np.ndarray, idx: np.ndarray, cost: np.ndarray,
                    last: np.ndarray) -> float:
     """The longest path where every op takes ``cost`` but the path's last op ``last``."""
@@ -350,7 +351,7 @@ def _prefetch(typingctx, arr, idx):  # pragma: no cover - compiled
     return types.void(arr, idx), codegen
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _ev_push(ht, hk, size, t, k):
     """Push event (t, k) on the binary min-heap (ht, hk); returns the new size."""
     i = size
@@ -366,7 +367,7 @@ def _ev_push(ht, hk, size, t, k):
     return size + 1
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _ev_pop(ht, hk, size):
     """Remove the top event; returns the new size (the top was read by the caller)."""
     size -= 1
@@ -389,7 +390,7 @@ def _ev_pop(ht, hk, size):
     return size
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _ev_insert(ht, hk, size, t, k):
     """Insert event (t, k) in the list (ht, hk) kept in decreasing order, the next event
     last; returns the new size."""
@@ -403,7 +404,7 @@ def _ev_insert(ht, hk, size, t, k):
     return size + 1
 
 
-@njit(cache=True)
+@jit()
 def _places(place, node_at, n_dev, pl):
     """The device of each rank into ``pl`` (32 bits: small, as it is read at random), and
     where each device's slice of a per-node queue begins."""
@@ -419,7 +420,7 @@ def _places(place, node_at, n_dev, pl):
     return base
 
 
-@njit(cache=True)
+@jit()
 def _param_memory(pl, param_mem, n_dev):
     """The parameter bytes each device holds from the start."""
     mem = np.zeros(n_dev)
@@ -431,7 +432,7 @@ def _param_memory(pl, param_mem, n_dev):
     return mem
 
 
-@njit(cache=True)
+@jit()
 def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_bytes,
               param_mem, obytes, bw, lat, model, busy_after):
     """travorder's semantics, in rank space (node ``node_at[r]`` is rank ``r``): returns
@@ -450,7 +451,7 @@ def _simulate(place, record, times, node_at, optr, odst, iptr, isrc, iout, out_b
             copy_dev[:k], np.arange(k))
 
 
-@njit(cache=True)
+@jit()
 def _workspace(n, m, n_dev, record):
     """The per-op and per-edge arrays of `_run`, allocated once for a batch of runs (a
     fresh allocation of this size per run comes from the kernel, page by page)."""
@@ -469,7 +470,7 @@ def _workspace(n, m, n_dev, record):
             np.empty(rec, dtype=np.int64), np.empty(rec))  # tr_node, tr_end
 
 
-@njit(cache=True)
+@jit()
 def _run(ws, place, record, memory, times, node_at, optr, odst, iptr, isrc, iout,
          out_bytes, param_mem, obytes, bw, lat, model, busy_after):
     """`_simulate` in the arrays ``ws`` of `_workspace`: returns the step time, start and
@@ -710,7 +711,7 @@ def _run(ws, place, record, memory, times, node_at, optr, odst, iptr, isrc, iout
     return step, start, cost, busy, peak, moved, n_copies
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _rq_push(rq_t, rq_k, rq_v, base, size, t, v):
     """Push op v, ready at t, on a device's ready heap (slice ``base:base+size``)."""
     base = np.uint64(base)
@@ -720,7 +721,7 @@ def _rq_push(rq_t, rq_k, rq_v, base, size, t, v):
     return size + 1
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _rq_rise(rq_k, rq_v, base, i, k, v):
     """Put op v, ready at the time of bits k, into the hole at position i of a device's
     ready heap, moving the later parents down into it.
@@ -741,7 +742,7 @@ def _rq_rise(rq_k, rq_v, base, i, k, v):
     rq_v[base + i] = v
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _rq_pop(rq_k, rq_v, base, size):
     """Remove the first op of a device's ready heap; returns the new size.
 
@@ -768,7 +769,7 @@ def _rq_pop(rq_k, rq_v, base, size):
     return size
 
 
-@njit(cache=True)
+@jit()
 def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc, iout,
                       out_bytes, param_mem, tensor, name_rank, by_name, sources, bus_lat,
                       bus_bw, busy_after):
@@ -950,7 +951,7 @@ def _simulate_placeto(place, record, work, gap, node_at, optr, odst, iptr, isrc,
 
 # One batch kernel per core: a kernel that took the core as an argument would be compiled
 # (and cached) anew in every process, and numba's cache of it breaks after a few dozen.
-@njit(cache=True)
+@jit()
 def _batch(places, capacity, *args):  # pragma: no cover - compiled
     """Step time, feasibility and overflow of each row of ``places`` under `_simulate`
     (its own arguments in ``args``)."""
@@ -962,7 +963,7 @@ def _batch(places, capacity, *args):  # pragma: no cover - compiled
     return steps, feasible, overflow
 
 
-@njit(cache=True)
+@jit()
 def _batch_placeto(places, capacity, *args):  # pragma: no cover - compiled
     """`_batch` under `_simulate_placeto`."""
     steps, feasible, overflow = _batch_arrays(places.shape[0])
@@ -972,19 +973,19 @@ def _batch_placeto(places, capacity, *args):  # pragma: no cover - compiled
     return steps, feasible, overflow
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _batch_arrays(k):  # pragma: no cover - compiled
     return np.empty(k), np.empty(k, dtype=np.bool_), np.empty(k)
 
 
-@njit(cache=True, inline="always")
+@jit(inline="always")
 def _batch_row(res, capacity, i, steps, feasible, overflow):  # pragma: no cover - compiled
     steps[i] = res[0]
     feasible[i] = np.all(res[4] <= capacity)
     overflow[i] = _overflow(res[4], capacity)
 
 
-@njit(cache=True)
+@jit()
 def _overflow(peak, capacity):  # pragma: no cover - compiled
     """The largest ``(peak - capacity) / capacity``; unlimited devices count as 0."""
     worst = -np.inf

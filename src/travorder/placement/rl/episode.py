@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from travorder.placement._jit import jit
 from travorder.placement.rl.env import PlacementEnv
 from travorder.placement.rl.policy import EpisodeHead, StepContext, _context
 from travorder.placement.simulator import _overflow, _run, _workspace
@@ -42,12 +42,12 @@ class Episode:
     simulations: int
 
 
-@njit(cache=True)
+@jit()
 def _log(cost):  # pragma: no cover - compiled
     return math.log(max(cost, 1e-9))
 
 
-@njit(cache=True)
+@jit()
 def _evaluate(place, memory, capacity, penalty, ws, sim):  # pragma: no cover - compiled
     """(cost, step time, feasible, overflow) of one placement, as `PlacementEnv`, simulated
     in the workspace ``ws`` (`_workspace`) with the simulator's arguments ``sim``; without
@@ -60,7 +60,7 @@ def _evaluate(place, memory, capacity, penalty, ws, sim):  # pragma: no cover - 
     return cost, step, feasible, over
 
 
-@njit(cache=True)
+@jit()
 def _matvec(w_t, x, out):  # pragma: no cover - compiled
     """``out = w @ x`` from ``w``'s transpose: row by row of ``w_t``, contiguous and
     vectorised, each output summing its terms in the order of ``x``."""
@@ -71,7 +71,7 @@ def _matvec(w_t, x, out):  # pragma: no cover - compiled
             out[i] += w_t[j, i] * xj
 
 
-@njit(cache=True)
+@jit()
 def _head(v, ctx, first, ctx_t, w2_t, b2, w3_t, b3, h1, h2,
           logits):  # pragma: no cover - compiled
     """`EpisodeHead` of node ``v`` into ``logits``, through the work rows ``h1``, ``h2``
@@ -87,7 +87,7 @@ def _head(v, ctx, first, ctx_t, w2_t, b2, w3_t, b3, h1, h2,
         logits[i] += b3[i]
 
 
-@njit(cache=True)
+@jit()
 def _choose(logits, mask, greedy, u, cdf):  # pragma: no cover - compiled
     """The trainer's choice: argmax, or inverse-CDF sampling with ``u`` (``cdf``: a work
     row), over ``mask``."""
@@ -112,7 +112,7 @@ def _choose(logits, mask, greedy, u, cdf):  # pragma: no cover - compiled
     return np.flatnonzero(mask)[-1]  # u * total rounded up
 
 
-@njit(cache=True)
+@jit()
 def _update_rows(rows, on, total, cost, v, lo, hi, by_group, device,
                  n_dev):  # pragma: no cover - compiled
     """`StepContext.update` (``on``: its ``_device``) for node ``v`` whose group
@@ -139,7 +139,7 @@ def _update_rows(rows, on, total, cost, v, lo, hi, by_group, device,
     total += after
 
 
-@njit(cache=True)
+@jit()
 def _play(order, group, by_group, bounds, place, state, best_place, check_mask, memory,
           capacity, penalty, sim, rows, on, total, cost_norm, set_ptr, set_idx, first,
           ctx_t, w2_t, b2, w3_t, b3, greedy, uniforms, reset_cands, contexts, masks,

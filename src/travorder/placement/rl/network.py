@@ -24,8 +24,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
+from travorder.placement._jit import jit
 from travorder.placement.rl.policy import (
     Direction,
     EpisodeHead,
@@ -54,7 +54,7 @@ class Table:
     head_first: np.ndarray | None = None  # the head's first layer on the table's rows
 
 
-@njit(cache=True)
+@jit()
 def _set_sums(order, base, ptr, idx, values):  # pragma: no cover - compiled
     """`SetSums` of ``values``: row ``v`` is row ``base[v]`` (none if -1) plus ``values``'
     rows ``idx[ptr[v]:ptr[v + 1]]``, in ``order``."""
@@ -116,7 +116,7 @@ class SetSums:
         return _set_sums(self.order, self.base, self.ptr, self.idx, values)
 
 
-@njit(cache=True, fastmath=True)
+@jit(fastmath=True)
 def _pass_gradient(order, ptr, idx, pre, hid, w1, w2, grad_h):  # pragma: no cover
     """The gradients of one message pass (`policy._Recursion`) with respect to its base
     (``g_pre``), to the messages (``g_msg``) and to the message MLP's hidden layer
@@ -151,7 +151,7 @@ def _pass_gradient(order, ptr, idx, pre, hid, w1, w2, grad_h):  # pragma: no cov
     return g_pre, g_msg, g_hid
 
 
-@njit(cache=True, fastmath=True)
+@jit(fastmath=True)
 def _adam(flat, grad, exp_avg, exp_avg_sq, lr, grad_clip, beta1, beta2, eps,
           steps):  # pragma: no cover - compiled
     """Clip ``grad``'s norm to ``grad_clip``, then one Adam step, in place (float32

@@ -46,11 +46,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from numba import njit
 from torch import nn
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
+from travorder.placement._jit import jit
 
 #: The sets the step context summarises, in the order of its blocks.
 CONTEXT_SETS = ("self", "predecessors", "successors", "ancestors", "descendants", "parallel")
@@ -87,7 +87,7 @@ class Direction:
     idx: np.ndarray
 
 
-@njit(cache=True, fastmath=True)
+@jit(fastmath=True)
 def _pass_forward(order, ptr, idx, base, w1, b1, w2, b2):  # pragma: no cover - compiled
     n, dim = base.shape
     width = w1.shape[0]
@@ -119,7 +119,7 @@ def _pass_forward(order, ptr, idx, base, w1, b1, w2, b2):  # pragma: no cover - 
     return pre, hid
 
 
-@njit(cache=True, fastmath=True)
+@jit(fastmath=True)
 def _pass_backward(order, ptr, idx, pre, hid, w1, w2, grad_h):  # pragma: no cover
     # The products with w1 and w2 run row by row (contiguous, vectorised), each output
     # summing its terms in the same order as a column-by-column dot product would.
@@ -257,7 +257,7 @@ def static_features(pg: PolicyGraph, placement: np.ndarray, start_us: np.ndarray
     return x
 
 
-@njit(cache=True)
+@jit()
 def _context(v, rows, device, total, ptr, idx, n_devices):  # pragma: no cover - compiled
     n_sets, width = ptr.shape[0] + 2, rows.shape[1]
     d = n_devices
@@ -305,7 +305,7 @@ def _context(v, rows, device, total, ptr, idx, n_devices):  # pragma: no cover -
     return out.reshape(-1)
 
 
-@njit(cache=True)
+@jit()
 def _reset_rows(rows, device, placement, cost):  # pragma: no cover - compiled
     """`StepContext.reset`: no node done, each on its device of ``placement``; returns
     the rows' column sums, added row after row (as ``rows.sum(axis=0)`` adds them)."""

@@ -36,11 +36,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from numba import njit
 from threadpoolctl import ThreadpoolController
 
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph
+from travorder.placement._jit import jit
 from travorder.placement.clusters import Cluster
 from travorder.placement.rl.env import MEMORY_MODES, PlacementEnv
 from travorder.placement.rl.episode import Episode, play_episode
@@ -233,7 +233,7 @@ def returns_to_go(rewards: np.ndarray, gamma: float) -> np.ndarray:
     return _returns(np.ascontiguousarray(rewards, dtype=np.float64), float(gamma))
 
 
-@njit(cache=True)
+@jit()
 def _returns(rewards, gamma):  # pragma: no cover - compiled
     out = np.empty_like(rewards)
     acc = 0.0
