@@ -282,11 +282,15 @@ def _placement_cases(tmp_path, model, capsys):
            "devices": [{"name": "gpu", "count": 2, "peak_flops": 1e12, "mem_bw": 1e11}],
            "links": {"bandwidth": -5.0, "latency": 1.0}}
     nameless = {k: v for k, v in doc.items() if k != "cluster"}
+    deviceless = dict(doc, cluster=dict(doc["cluster"], devices=[]))
     for name, d in [("short.json", short), ("far.json", far), ("other.json", other),
-                    ("neg.json", neg), ("nameless.json", nameless)]:
+                    ("neg.json", neg), ("nameless.json", nameless),
+                    ("deviceless.json", deviceless)]:
         (tmp_path / name).write_text(json.dumps(d))
     return [
         (["simulate", model, str(tmp_path / "nameless.json")], "give --cluster"),
+        (["simulate", model, str(tmp_path / "deviceless.json")],
+         f"placement file {str(tmp_path / 'deviceless.json')!r}: cluster"),
         (["simulate", model, str(good), "--cluster", ""], "unknown cluster ''"),
         (["convert", model, str(tmp_path / "out.onnx")], "ending in .json.gz"),
         (["simulate", model, str(good), "--trace", str(tmp_path / "t.json"), "--gantt",

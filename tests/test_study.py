@@ -709,6 +709,9 @@ def test_another_programs_database_is_never_written(tmp_path):
     with pytest.raises(FormatError, match="it is empty"):
         ResultStore(tmp_path / "empty.sqlite", create=False)
     ResultStore(tmp_path / "empty.sqlite").close()  # a run may start a store there
+    for create in (False, True):
+        with pytest.raises(FormatError, match="is a directory, not a result store"):
+            ResultStore(tmp_path, create=create)
 
 
 def test_export_errors(tmp_path):

@@ -462,8 +462,13 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     if args.cluster is None and not isinstance(doc.get("cluster"), dict):
         raise TravorderError(f"placement file {args.placement!r} does not say its cluster: "
                              f"give --cluster")
-    cluster = (Cluster.from_dict(doc["cluster"]) if args.cluster is None
-               else load_cluster(args.cluster))
+    if args.cluster is None:
+        try:
+            cluster = Cluster.from_dict(doc["cluster"])
+        except TravorderError as exc:
+            raise type(exc)(f"placement file {args.placement!r}: {exc}") from None
+    else:
+        cluster = load_cluster(args.cluster)
     placement, _ = load_placement(args.placement, g, cluster)
     sim = Simulator(g, cluster)
     if args.trace or args.gantt:

@@ -143,6 +143,9 @@ class ResultStore:
 
     def __init__(self, path: str | os.PathLike[str], create: bool = True) -> None:
         self.path = Path(path)
+        if self.path.is_dir():
+            raise FormatError(f"{str(self.path)!r} is a directory, not a result store (a "
+                              f"study's .sqlite file)")
         if not create and not self.path.is_file():
             raise FormatError(f"no such result store {str(self.path)!r}")
         try:
