@@ -426,6 +426,20 @@ def _one_line_error(capsys, argv: list[str], message: str) -> None:
     assert err.count("\n") == 1 and err.startswith("error: ") and message in err, (argv, err)
 
 
+def test_a_placement_files_batch_on_a_graph_without_one_names_the_file(capsys, model,
+                                                                        tmp_path):
+    placement = str(tmp_path / "p8.json")
+    assert run(capsys, "place", model, "--batch", "8", "-o", placement, "--json")[0] == 0
+    tiny = str(tmp_path / "tiny.json.gz")  # records no batch_size
+    save_graph(OpGraph.from_records([{"name": "a", "flops": 1e9}, {"name": "b"}],
+                                    [("a", "b")]), tiny)
+    _one_line_error(capsys, ["simulate", tiny, placement],
+                    "cannot be scaled to batch 8; the batch is that of placement file "
+                    f"{placement!r}: a placement of another model?")
+    _one_line_error(capsys, ["simulate", tiny, placement, "--batch", "4"],
+                    "records no batch_size, so it cannot be scaled to batch 4")
+
+
 def test_output_in_missing_folder_is_refused_before_any_work(capsys, model, tmp_path):
     missing = tmp_path / "no" / "dir"
     for argv in (["place", model, "-o", str(missing / "p.json")],

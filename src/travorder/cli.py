@@ -16,7 +16,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from travorder.errors import DimsError, TravorderError, json_text, write_file, writes_in_place
+from travorder.errors import (
+    BatchError,
+    DimsError,
+    TravorderError,
+    json_text,
+    write_file,
+    writes_in_place,
+)
 
 EXIT_USAGE = 2
 
@@ -459,6 +466,11 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             raise
         raise DimsError(f"{exc}; the dimensions are those of placement file "
                         f"{args.placement!r}: a placement of another model?") from None
+    except BatchError as exc:
+        if args.batch is not None:
+            raise
+        raise BatchError(f"{exc}; the batch is that of placement file {args.placement!r}: "
+                         f"a placement of another model?") from None
     if args.cluster is None and not isinstance(doc.get("cluster"), dict):
         raise TravorderError(f"placement file {args.placement!r} does not say its cluster: "
                              f"give --cluster")

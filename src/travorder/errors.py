@@ -28,6 +28,10 @@ class FormatError(TravorderError):
     """A file that cannot be read: missing, empty, truncated, or of an unknown format."""
 
 
+class BatchError(GraphError):
+    """A graph that cannot be costed at the batch asked for (``batch=``, ``--batch``)."""
+
+
 class DimsError(TravorderError):
     """Values for symbolic dimensions that a model does not have (``dims=``, ``--dim``)."""
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from travorder.errors import GraphError
+from travorder.errors import BatchError, GraphError
 from travorder.graph.opgraph import OpGraph, check_graph
 
 #: Op types whose cost and output do not depend on the batch size.
@@ -52,12 +52,12 @@ def check_scalable(g: OpGraph, batch: int) -> None:
     if g.meta.get("batch_size") == batch:  # already at that batch, training step or not
         return
     if g.is_backward.any():  # which backward outputs are weight gradients is not known
-        raise GraphError(f"graph {g.name!r} is a training step (it has backward ops), "
+        raise BatchError(f"graph {g.name!r} is a training step (it has backward ops), "
                          f"whose weight gradients do not scale: scale its forward graph to "
                          f"batch {batch} instead")
     if g.meta.get("batch_size") is None:
         symbolic = g.meta.get("symbolic_dims") or []
-        raise GraphError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
+        raise BatchError(f"graph {g.name!r} records no batch_size, so it cannot be scaled "
                          f"to batch {batch}" + (
                              f" (its inputs have symbolic dimensions {', '.join(symbolic)}: "
                              f"{bind_hint(symbolic)})" if symbolic else ""))
