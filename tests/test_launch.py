@@ -172,6 +172,7 @@ def test_parameters_live_with_their_first_user():
     placed = apply(model, x, placement, CPUS)
     slot = dict(zip(g.names.tolist(), placement, strict=True))
     assert placed.op_devices == slot
+    assert placed.op_graph.graph_hash == g.graph_hash
     assert placed.devices == ("cpu", "cpu", "cpu")
     for name in ("cell.weight_ih", "cell.weight_hh", "cell.bias_ih", "cell.bias_hh"):
         assert placed.tensor_devices[name] == slot["cell"]

@@ -41,7 +41,6 @@ import math
 import multiprocessing
 import os
 import re
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +123,6 @@ class ZooFailure:
     family: str
     source: str
     reason: str
-    seconds: float = 0.0
 
     def to_dict(self) -> dict[str, str]:
         return {"name": self.name, "family": self.family, "source": self.source,
@@ -679,7 +677,6 @@ def build_zoo(
     graphs: list[OpGraph] = []
     failures: list[ZooFailure] = []
     for i, model in enumerate(chosen):
-        start = time.monotonic()
         outcome: OpGraph | ZooFailure
         try:
             outcome = (export_graph(model, batch_size=batch_size, seq_len=seq_len)
@@ -689,8 +686,7 @@ def build_zoo(
                 add_to_corpus([outcome], root, max_nodes=max_nodes)
             graphs.append(outcome)
         except TravorderError as exc:  # ZooExportError, or a graph the corpus refuses
-            outcome = ZooFailure(model.name, model.family, model.source, str(exc),
-                                 time.monotonic() - start)
+            outcome = ZooFailure(model.name, model.family, model.source, str(exc))
             failures.append(outcome)
         if root is not None:
             _write_failures(root, [model.name] if isinstance(outcome, OpGraph) else [],
