@@ -1028,3 +1028,9 @@ def test_a_reader_gone_before_the_output_stops_quietly(argv):
     done = subprocess.run([sys.executable, "-c", code], stdout=write, stderr=subprocess.PIPE)
     os.close(write)
     assert (done.returncode, done.stderr) == (0, b"")
+
+
+def test_a_predictor_kind_given_twice_is_fitted_once():
+    from travorder.cli import _kinds
+
+    assert _kinds("ranker, ranker,classifier") == ["ranker", "classifier"]

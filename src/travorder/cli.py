@@ -662,7 +662,7 @@ def _print_evaluation(ev: Any, per_family: bool, methods: Sequence[str] | None =
 def _kinds(text: str) -> list[str]:
     from travorder.predictor.model import KINDS
 
-    kinds = [k.strip() for k in text.split(",") if k.strip()]
+    kinds = list(dict.fromkeys(k.strip() for k in text.split(",") if k.strip()))
     bad = [k for k in kinds if k not in KINDS]
     if bad or not kinds:
         raise TravorderError(f"unknown predictor kind {bad[0] if bad else text!r} "
