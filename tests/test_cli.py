@@ -1034,3 +1034,25 @@ def test_a_predictor_kind_given_twice_is_fitted_once():
     from travorder.cli import _kinds
 
     assert _kinds("ranker, ranker,classifier") == ["ranker", "classifier"]
+
+
+def test_a_file_nested_too_deeply_gets_one_line(capsys, model, tmp_path, monkeypatch):
+    # json and tomllib raise RecursionError, not their decode errors, past ~1,000 levels.
+    monkeypatch.chdir(tmp_path)
+    deep = "[" * 100_000 + "]" * 100_000
+    for name in ("c.json", "p.json", "g.json", "pred/manifest.json", "corpus/manifest.json"):
+        Path(name).parent.mkdir(exist_ok=True)
+        Path(name).write_text(deep)
+    for name in ("c.toml", "spec.toml"):
+        Path(name).write_text(f"a = {deep}\n")
+    Path("g.json.gz").write_bytes(gzip.compress(deep.encode()))
+    for argv, says in [(["clusters", "c.json"], "not valid JSON"),
+                       (["clusters", "c.toml"], "not valid TOML"),
+                       (["simulate", model, "p.json"], "not a placement file"),
+                       (["info", "g.json"], "not valid JSON"),
+                       (["info", "g.json.gz"], "broken travorder graph file"),
+                       (["model", "show", "--predictor", "pred"], "broken predictor manifest"),
+                       (["zoo", "list", "--corpus", "corpus"], "broken corpus manifest"),
+                       (["study", "run", "spec.toml", "--store", "s.sqlite"], "not valid TOML")]:
+        _one_line_error(capsys, argv, says)
+    assert not Path("s.sqlite").exists()

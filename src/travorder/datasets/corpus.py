@@ -76,7 +76,7 @@ def read_manifest(corpus_dir: CorpusDir = None) -> list[dict[str, Any]]:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise FormatError(f"{path.parent}: not a graph corpus (no {MANIFEST_NAME})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise FormatError(f"{path}: broken corpus manifest ({exc})") from None
     check_format(doc, str(path), MANIFEST_FORMAT, MANIFEST_VERSION, "corpus manifest")
     return list(doc.get("graphs", []))

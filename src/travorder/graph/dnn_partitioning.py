@@ -172,7 +172,7 @@ def _read_json(path: Path) -> Any:
         raise FormatError(f"{path}: no such file")
     try:
         return json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
 
 

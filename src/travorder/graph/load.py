@@ -106,7 +106,7 @@ def _load_json(path: Path) -> OpGraph:
 
     try:
         doc = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(doc, dict) and "format" in doc:
         return graph_from_dict(doc, str(path))

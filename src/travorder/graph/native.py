@@ -118,6 +118,7 @@ def load_native(path: str | os.PathLike[str]) -> OpGraph:
     try:
         with gzip.open(path, "rb") as f:
             doc = json.loads(f.read())
-    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError,
+            RecursionError) as exc:
         raise FormatError(f"{path}: broken travorder graph file ({exc})") from None
     return graph_from_dict(doc, str(path))

@@ -337,7 +337,7 @@ def _read_cluster_file(path: Path) -> Cluster:
                           f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
     try:
         data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as exc:
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, RecursionError) as exc:
         kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
         raise FormatError(f"cluster file {str(path)!r} is not valid {kind}: {exc}") from None
     try:

@@ -144,7 +144,7 @@ def _read(path: Path) -> dict[str, Any]:
     text = read_text(path, "placement file")
     try:
         doc = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise FormatError(f"{str(path)!r} is not a placement file: invalid JSON ({exc})"
                           ) from None
     check_format(doc, str(path), FORMAT, FORMAT_VERSION, "placement file")

@@ -539,7 +539,7 @@ class OrderPredictor:
             doc = json.loads((d / MANIFEST).read_text())
         except FileNotFoundError:
             raise FormatError(f"{d}: no predictor here (no {MANIFEST})") from None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
         check_format(doc, str(d / MANIFEST), FORMAT, READS_VERSIONS, "predictor manifest")
         try:
@@ -617,7 +617,7 @@ def model_files(manifest: Path) -> set[str]:
             return set()
         names = {*doc["model_files"], *([doc["graph_net"]["file"]] if doc.get("graph_net")
                                         else [])}
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, RecursionError):
         return set()
     return {n for n in names if isinstance(n, str) and Path(n).name == n
             and n not in (MANIFEST, "")}

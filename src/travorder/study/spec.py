@@ -199,7 +199,7 @@ def load_spec(path: str | os.PathLike[str]) -> StudySpec:
     text = read_text(p, "study spec")
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
         raise FormatError(f"study spec {str(p)!r} is not valid TOML: {exc}") from None
     return StudySpec.from_dict(data, p.parent, source=f"study spec {str(p)!r}")
 
