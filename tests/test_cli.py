@@ -1056,3 +1056,19 @@ def test_a_file_nested_too_deeply_gets_one_line(capsys, model, tmp_path, monkeyp
                        (["study", "run", "spec.toml", "--store", "s.sqlite"], "not valid TOML")]:
         _one_line_error(capsys, argv, says)
     assert not Path("s.sqlite").exists()
+
+
+def test_a_lone_surrogate_in_a_json_file_gets_one_line(capsys, model, tmp_path):
+    # json reads "\ud800" into a str that cannot be printed or written.
+    cluster = json.loads(run(capsys, "clusters", "--json", "k80x3")[1])
+    pair, lone = tmp_path / "pair.json", tmp_path / "lone.json"
+    pair.write_text(json.dumps({**cluster, "name": "k80 \U0001f600"}))  # a pair: text
+    lone.write_text(json.dumps({**cluster, "name": "k80 \ud800"}))
+    code, out, _ = run(capsys, "clusters", str(pair))
+    assert code == 0 and "\U0001f600" in out
+    _one_line_error(capsys, ["clusters", str(lone)], r"\ud800 alone, half of a UTF-16 pair")
+    graph = tmp_path / "g.json"
+    doc = graph_to_dict(load_graph(model))
+    doc["meta"]["name"] = "\udc00"
+    graph.write_text(json.dumps(doc))
+    _one_line_error(capsys, ["info", str(graph)], r"\udc00 alone")

@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -113,6 +114,39 @@ def json_text(doc: Any, indent: int | None = None) -> str:
         return None if isinstance(x, float) and not math.isfinite(x) else x
 
     return json.dumps(plain(doc), indent=indent, allow_nan=False)
+
+
+# A \uD800-\uDFFF escape outside a high-low pair: json reads it into a str that cannot be
+# printed or written (UnicodeEncodeError far from the file).  Only a prefilter (it also
+# matches after an escaped backslash): the decoded document has the last word.
+_LONE_SURROGATE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+                             r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def parse_json(text: str | bytes) -> Any:
+    r"""``json.loads(text)`` that raises :class:`json.JSONDecodeError` for every document
+    that is not plain data, also for one nested too deeply to read (RecursionError) and for
+    a string holding a lone surrogate (half of a UTF-16 pair, not text).
+
+    >>> parse_json(r'["\ud83d\ude00"]') == ["\U0001f600"]
+    True
+    >>> parse_json(r'["\ud800"]')  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    json.decoder.JSONDecodeError: \ud800 alone, half of a UTF-16 pair, not text: line 1 ...
+    """
+    if isinstance(text, bytes):
+        text = text.decode("utf-8-sig")
+    try:
+        doc = json.loads(text)
+    except RecursionError:
+        raise json.JSONDecodeError("nested too deeply to read", text, 0) from None
+    if match := _LONE_SURROGATE.search(text):
+        try:
+            json.dumps(doc, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise json.JSONDecodeError(f"{match.group()} alone, half of a UTF-16 "
+                                       "pair, not text", text, match.start()) from None
+    return doc
 
 
 def first_line(exc: BaseException) -> str:

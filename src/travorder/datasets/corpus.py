@@ -44,7 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, check_format, write_file
+from travorder.errors import (
+    FormatError,
+    TravorderError,
+    check_format,
+    parse_json,
+    write_file,
+)
 from travorder.graph.coarsen import coarsen
 from travorder.graph.native import load_native, save_graph
 from travorder.graph.opgraph import OpGraph
@@ -73,10 +79,10 @@ def read_manifest(corpus_dir: CorpusDir = None) -> list[dict[str, Any]]:
     """The manifest entries of a corpus (the bundled one by default), sorted by name."""
     path = _dir(corpus_dir) / MANIFEST_NAME
     try:
-        doc = json.loads(path.read_text())
+        doc = parse_json(path.read_text())
     except FileNotFoundError:
         raise FormatError(f"{path.parent}: not a graph corpus (no {MANIFEST_NAME})") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: broken corpus manifest ({exc})") from None
     check_format(doc, str(path), MANIFEST_FORMAT, MANIFEST_VERSION, "corpus manifest")
     return list(doc.get("graphs", []))

@@ -51,7 +51,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from travorder.errors import FormatError
+from travorder.errors import FormatError, parse_json
 from travorder.graph.opgraph import OpGraph
 
 _CLUSTER_KEYS = ("maxSizePerFPGA", "maxFPGAs", "maxCPUs")
@@ -171,8 +171,8 @@ def _read_json(path: Path) -> Any:
     if not path.is_file():
         raise FormatError(f"{path}: no such file")
     try:
-        return json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        return parse_json(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
 
 

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from numbers import Integral
 from pathlib import Path
 
-from travorder.errors import DimsError, FormatError, GraphError
+from travorder.errors import DimsError, FormatError, GraphError, parse_json
 from travorder.graph.native import graph_from_dict, load_native, save_graph
 from travorder.graph.opgraph import OpGraph
 
@@ -105,8 +105,8 @@ def _load_json(path: Path) -> OpGraph:
     from travorder.graph.dnn_partitioning import from_dnn_partitioning, is_dnn_partitioning
 
     try:
-        doc = json.loads(path.read_text(encoding="utf-8-sig"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        doc = parse_json(path.read_text(encoding="utf-8-sig"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: not valid JSON ({exc})") from None
     if isinstance(doc, dict) and "format" in doc:
         return graph_from_dict(doc, str(path))

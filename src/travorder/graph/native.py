@@ -22,7 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, GraphError, TravorderError, check_format, write_file
+from travorder.errors import (
+    FormatError,
+    GraphError,
+    TravorderError,
+    check_format,
+    parse_json,
+    write_file,
+)
 from travorder.graph.opgraph import NODE_KEYS, OpGraph, check_graph
 
 FORMAT_NAME = "travorder.opgraph"
@@ -117,8 +124,7 @@ def load_native(path: str | os.PathLike[str]) -> OpGraph:
     """Read a graph written by :func:`save_graph`."""
     try:
         with gzip.open(path, "rb") as f:
-            doc = json.loads(f.read())
-    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError,
-            RecursionError) as exc:
+            doc = parse_json(f.read())
+    except (OSError, EOFError, zlib.error, json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise FormatError(f"{path}: broken travorder graph file ({exc})") from None
     return graph_from_dict(doc, str(path))

@@ -25,7 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, json_text, write_file
+from travorder.errors import (
+    FormatError,
+    TravorderError,
+    json_text,
+    parse_json,
+    write_file,
+)
 from travorder.graph import OpGraph
 
 #: The link models: one transfer queue per sending device (``bus``, Placeto), per device
@@ -336,7 +342,7 @@ def _read_cluster_file(path: Path) -> Cluster:
         raise FormatError(f"cluster file {str(path)!r} is not UTF-8 text (byte "
                           f"{exc.start}: {exc.object[exc.start:exc.start + 1]!r})") from None
     try:
-        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else json.loads(text)
+        data = tomllib.loads(text) if path.suffix.lower() == ".toml" else parse_json(text)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, RecursionError) as exc:
         kind = "TOML" if path.suffix.lower() == ".toml" else "JSON"
         raise FormatError(f"cluster file {str(path)!r} is not valid {kind}: {exc}") from None

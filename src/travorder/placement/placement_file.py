@@ -42,6 +42,7 @@ from travorder.errors import (
     TravorderError,
     check_format,
     json_text,
+    parse_json,
     read_text,
     write_file,
 )
@@ -143,8 +144,8 @@ def save_placement(result: PlacementResult, graph: OpGraph, cluster: ClusterSour
 def _read(path: Path) -> dict[str, Any]:
     text = read_text(path, "placement file")
     try:
-        doc = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+        doc = parse_json(text)
+    except json.JSONDecodeError as exc:
         raise FormatError(f"{str(path)!r} is not a placement file: invalid JSON ({exc})"
                           ) from None
     check_format(doc, str(path), FORMAT, FORMAT_VERSION, "placement file")

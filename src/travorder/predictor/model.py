@@ -70,6 +70,7 @@ from travorder.errors import (
     TravorderError,
     check_format,
     json_text,
+    parse_json,
     write_file,
 )
 from travorder.predictor.trees import TreeEnsemble, compact, load_trees, save_trees
@@ -536,10 +537,10 @@ class OrderPredictor:
         if d.exists() and not d.is_dir():
             raise FormatError(f"{d}: a file, not a predictor's folder (with {MANIFEST})")
         try:
-            doc = json.loads((d / MANIFEST).read_text())
+            doc = parse_json((d / MANIFEST).read_text())
         except FileNotFoundError:
             raise FormatError(f"{d}: no predictor here (no {MANIFEST})") from None
-        except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
         check_format(doc, str(d / MANIFEST), FORMAT, READS_VERSIONS, "predictor manifest")
         try:
@@ -612,12 +613,12 @@ def model_files(manifest: Path) -> set[str]:
     """The files in ``manifest``'s directory that the predictor it describes reads (none if
     it is not a readable predictor manifest)."""
     try:
-        doc = json.loads(manifest.read_text())
+        doc = parse_json(manifest.read_text())
         if doc["format"] != FORMAT:
             return set()
         names = {*doc["model_files"], *([doc["graph_net"]["file"]] if doc.get("graph_net")
                                         else [])}
-    except (OSError, ValueError, KeyError, TypeError, RecursionError):
+    except (OSError, ValueError, KeyError, TypeError):
         return set()
     return {n for n in names if isinstance(n, str) and Path(n).name == n
             and n not in (MANIFEST, "")}
