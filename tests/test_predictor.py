@@ -432,6 +432,30 @@ def test_bad_model_files_exit_2_with_one_line(capsys, model_dir, onnx_model, tmp
     assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
+@pytest.mark.parametrize(("entry", "value", "message"), [
+    ("feature_ranges", {"f_n_nodes": "x"}, "'feature_ranges' must be an object of feature"),
+    ("feature_ranges", {"f_n_nodes": [2, 1]}, "'feature_ranges' must be"),
+    ("clusters", "k80x3", "'clusters' must be a list of names"),
+    ("structure", "order_split", "'structure' must be a list of names"),
+    ("scenarios", 5, "'scenarios' must be a list of scenario tables"),
+    ("scenarios", [{"batch": "zz"}], "scenario 1: scenario batch must be"),
+    ("coarsen_max_nodes", "10", "'coarsen_max_nodes' must be a number of nodes >= 0"),
+    ("placer", 7, "'placer' must be a placer's name, not 7"),
+    ("training", "no", "'training' must be true or false"),
+    ("params", [1], "'params' must be an object"),
+    ("model_files", {"../trees.npz": "ab"}, "'model_files' must be an object of file names"),
+    ("labels", "x", "broken predictor manifest (invalid literal"),
+])
+def test_manifest_entries_of_the_wrong_type_exit_2_with_one_line(
+        capsys, model_dir, onnx_model, tmp_path, entry, value, message):
+    d = tmp_path / "bad"
+    shutil.copytree(model_dir, d)
+    manifest = json.loads((d / MANIFEST).read_text())
+    (d / MANIFEST).write_text(json.dumps(manifest | {entry: value}))
+    code, _, err = _run(capsys, onnx_model, "--predictor", str(d))
+    assert code == 2 and err.count("\n") == 1 and message in err, err
+
+
 @pytest.mark.parametrize("suffix", [".txt.gz", ".txt"])
 def test_text_models_of_older_versions_load(model_dir, tmp_path, suffix):
     import gzip

@@ -21,6 +21,7 @@ from typing import Any
 from travorder.errors import TravorderError
 from travorder.featurize import FEATURE_SCHEMA_VERSION
 from travorder.predictor.model import MANIFEST, OrderPredictor
+from travorder.study.scenarios import Scenario
 
 #: The placer whose model is the fallback for placers without one of their own.
 DEFAULT_PLACER = "greedy"
@@ -67,6 +68,8 @@ def _load(directory: str) -> tuple[OrderPredictor, dict[str, Any]]:
         raise TravorderError(
             f"{directory}: model was trained on feature schema {version!r}, this travorder "
             f"computes schema {FEATURE_SCHEMA_VERSION}; retrain it with `travorder train`")
+    for i, scenario in enumerate(manifest.get("scenarios", []), 1):
+        Scenario.from_dict(scenario, f"{Path(directory) / MANIFEST}: scenario {i}")
     return predictor, manifest
 
 

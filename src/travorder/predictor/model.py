@@ -543,6 +543,7 @@ class OrderPredictor:
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
         check_format(doc, str(d / MANIFEST), FORMAT, READS_VERSIONS, "predictor manifest")
+        _check_entries(doc, d / MANIFEST)
         try:
             p = cls(**{**_UNSET_BEFORE, **doc["params"]})
             p.classes_ = np.array(doc["classes"])
@@ -555,8 +556,10 @@ class OrderPredictor:
                                              p.tie_tolerance if p.tie_tolerance is not None
                                              else DEFAULT_TOLERANCE))
             files = dict(doc["model_files"])
-        except (KeyError, TypeError, ValueError) as exc:
+        except KeyError as exc:
             raise FormatError(f"{d / MANIFEST}: predictor manifest is missing {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise FormatError(f"{d / MANIFEST}: broken predictor manifest ({exc})") from None
         p.models_ = []
         for f, checksum in files.items():
             try:
@@ -609,6 +612,47 @@ class OrderPredictor:
             raise FormatError(f"{d}: manifest does not match its model ({problems[0]})")
 
 
+def _plain_name(x: Any) -> bool:
+    return isinstance(x, str) and x not in ("", ".", "..") and Path(x).name == x
+
+
+def _numbers(x: Any, n: int) -> bool:
+    return (isinstance(x, list) and len(x) == n
+            and all(isinstance(v, Real) and not isinstance(v, bool) for v in x))
+
+
+# What a predictor manifest's entries must be, where given: the recommend path reads them
+# long after loading, and a wrong type there is a TypeError far from the file.
+_ENTRIES: dict[str, tuple[Any, str]] = {
+    "params": (lambda v: isinstance(v, dict), "an object"),
+    "model_files": (lambda v: isinstance(v, dict) and all(
+        _plain_name(k) and isinstance(c, str) for k, c in v.items()),
+        "an object of file names in the model's folder and their checksums"),
+    "graph_net": (lambda v: v is None or (isinstance(v, dict) and _plain_name(v.get("file"))
+                  and isinstance(v.get("sha256"), str)),
+                  "an object with a file name in the model's folder and its sha256"),
+    "placer": (lambda v: isinstance(v, str), "a placer's name"),
+    "training": (lambda v: isinstance(v, bool), "true or false"),
+    "coarsen_max_nodes": (lambda v: v is None or (isinstance(v, Integral)
+                          and not isinstance(v, bool) and v >= 0),
+                          "a number of nodes >= 0 (0: not coarsened)"),
+    "feature_ranges": (lambda v: isinstance(v, dict) and all(
+        isinstance(k, str) and _numbers(r, 2) and r[0] <= r[1] for k, r in v.items()),
+        "an object of feature names and their [min, max]"),
+    **{key: (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+             "a list of names") for key in ("clusters", "orders", "families", "structure")},
+    "scenarios": (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+                  "a list of scenario tables"),
+}
+
+
+def _check_entries(doc: Mapping[str, Any], source: Path) -> None:
+    for key, (ok, what) in _ENTRIES.items():
+        if key in doc and not ok(doc[key]):
+            raise FormatError(f"{source}: predictor manifest entry {key!r} must be {what}, "
+                              f"not {json_text(doc[key])[:60]}")
+
+
 def model_files(manifest: Path) -> set[str]:
     """The files in ``manifest``'s directory that the predictor it describes reads (none if
     it is not a readable predictor manifest)."""
@@ -620,8 +664,7 @@ def model_files(manifest: Path) -> set[str]:
                                         else [])}
     except (OSError, ValueError, KeyError, TypeError):
         return set()
-    return {n for n in names if isinstance(n, str) and Path(n).name == n
-            and n not in (MANIFEST, "")}
+    return {n for n in names if _plain_name(n) and n != MANIFEST}
 
 
 def _sha256(path: Path) -> str:
