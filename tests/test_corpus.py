@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,24 @@ def small_corpus(tmp_path: Path) -> Path:
                    diamond("d2", family="f2", source="timm:vit"),
                    chain(0, n_layers=4, kind="mlp", name="c1")], tmp_path)
     return tmp_path
+
+
+@pytest.mark.parametrize(("graphs", "message"), [
+    ("abc", "'graphs' must be a list of entries"),
+    ([5], "graph entry 1 is not an object"),
+    ([{"name": "x"}], "graph entry 1 has no 'family'"),
+    ({"nodes": "9"}, "graph entry 2 ('d1') has a 'nodes' of the wrong type: '9'"),
+    ({"coarsened": 1}, "has a 'coarsened' of the wrong type"),
+    ({"file": "../../elsewhere.json.gz"}, "has a file outside the corpus"),
+])
+def test_malformed_manifest_entries(small_corpus: Path, graphs: object, message: str
+                                    ) -> None:
+    doc = json.loads((small_corpus / MANIFEST_NAME).read_text())
+    if isinstance(graphs, dict):  # a change to d1's entry, after c1's
+        graphs = [doc["graphs"][0], doc["graphs"][1] | graphs]
+    (small_corpus / MANIFEST_NAME).write_text(json.dumps(doc | {"graphs": graphs}))
+    with pytest.raises(FormatError, match=re.escape(message)):
+        read_manifest(small_corpus)
 
 
 @pytest.mark.parametrize(("filters", "names"), [

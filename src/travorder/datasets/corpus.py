@@ -85,7 +85,37 @@ def read_manifest(corpus_dir: CorpusDir = None) -> list[dict[str, Any]]:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"{path}: broken corpus manifest ({exc})") from None
     check_format(doc, str(path), MANIFEST_FORMAT, MANIFEST_VERSION, "corpus manifest")
-    return list(doc.get("graphs", []))
+    graphs = doc.get("graphs", [])
+    if not isinstance(graphs, list):
+        raise FormatError(f"{path}: the corpus manifest's 'graphs' must be a list of entries")
+    for i, entry in enumerate(graphs, 1):
+        if problem := _entry_problem(entry):
+            raise FormatError(f"{path}: graph entry {i} {problem}")
+    return list(graphs)
+
+
+#: The type of each entry of a corpus manifest's graph (written by `_entry`).
+_ENTRY_TYPES: dict[str, type | tuple[type, ...]] = {
+    **dict.fromkeys(("name", "family", "source", "file", "builder", "graph_hash"), str),
+    **dict.fromkeys(("nodes", "edges", "original_nodes", "original_edges", "depth",
+                     "width"), int),
+    "flops": (int, float), "param_bytes": (int, float), "coarsened": bool}
+
+
+def _entry_problem(entry: Any) -> str:
+    """What is wrong with a manifest's graph entry (``""``: nothing)."""
+    if not isinstance(entry, dict):
+        return "is not an object"
+    for key, kind in _ENTRY_TYPES.items():
+        value = entry.get(key)
+        if value is None:
+            return f"has no {key!r}"
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            return f"({entry.get('name')!r}) has a {key!r} of the wrong type: {value!r}"
+    file = Path(entry["file"])
+    if file.is_absolute() or ".." in file.parts:
+        return f"({entry['name']!r}) has a file outside the corpus: {entry['file']!r}"
+    return ""
 
 
 def _write_manifest(corpus_dir: Path, entries: Iterable[Mapping[str, Any]]) -> None:
