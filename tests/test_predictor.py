@@ -1008,3 +1008,20 @@ def test_ops_of_unknown_shape_are_a_warning(model_dir, tmp_path):
                                        dims={"batch": 8}).step_time_us
     with pytest.raises(TravorderError, match="not an ONNX model, so it has no symbolic"):
         place(load_graph(path), "k80x3", order="topo", dims={"batch": 8})
+
+
+@pytest.mark.parametrize("change", ["peak_flops", "latency"])
+def test_times_beyond_a_float_are_refused_before_featurizing(capsys, onnx_model, tmp_path,
+                                                              change):
+    # once a ValueError (negative split piece) or a math domain error (log10 of 0)
+    from travorder.placement.clusters import load_cluster
+
+    doc = load_cluster("k80x3").to_dict()
+    if change == "peak_flops":
+        doc["devices"] = [d | {"peak_flops": 1e-300} for d in doc["devices"]]
+    else:
+        doc["links"]["latency"] = 1e308
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(doc))
+    code, _, err = _run(capsys, onnx_model, "--cluster", str(path))
+    assert code == 2 and err.count("\n") == 1 and "more than a float holds" in err, err

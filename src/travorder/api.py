@@ -26,7 +26,14 @@ from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.graph.batch import bind_hint
 from travorder.graph.prepare import placed_graph
-from travorder.placement.clusters import PRESETS, Cluster, ClusterSource, load_cluster
+from travorder.placement.clusters import (
+    PRESETS,
+    Cluster,
+    ClusterSource,
+    check_in_range,
+    compute_times,
+    load_cluster,
+)
 from travorder.placement.orders import ORDERS, identical_orders
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
@@ -202,6 +209,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
     if budget is not None and verify:
         raise TravorderError("give a time budget or a shortlist size, not both")
     placed = placed_graph(g, training, batch, micro_batches)  # checks batch, micro-batches
+    check_in_range(placed, c, compute_times(placed, c))  # the features' logs need it
     est, manifest, description = load_predictor(predictor, placer)
     scenario = user_scenario(batch, micro_batches, manifest)
     # Features of the graph as the study that trained the predictor placed it.

@@ -454,6 +454,23 @@ def compute_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     return t
 
 
+def check_in_range(graph: OpGraph, cluster: Cluster, times: np.ndarray) -> None:
+    """TravorderError unless every op on every device and every transfer over the slowest
+    link fit, one after another, in a float: a step is shorter, so none overflows (the
+    sum over all devices is a looser bound than each op's slowest, and 60x cheaper)."""
+    off = ~np.eye(cluster.n_devices, dtype=bool)
+    with np.errstate(over="ignore"):
+        total = float(times.sum())
+        if off.any():
+            total += (graph.edge_bytes.sum() / cluster.bandwidth[off].min()
+                      + graph.n_edges * (cluster.latency[off].max() + cluster.busy_after_us))
+    if not total < np.inf:
+        raise TravorderError(
+            f"graph {graph.name!r} on cluster {cluster.name!r}: its op and transfer times "
+            f"add up to more than a float holds; check the graph's costs and the "
+            f"cluster's peak_flops, mem_bw, bandwidth and latency")
+
+
 def work_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     """`compute_times` without the launch gap (the op's own time on each device)."""
     peak = np.array([d.peak_flops for d in cluster.devices])

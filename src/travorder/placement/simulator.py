@@ -38,6 +38,7 @@ from travorder.placement.clusters import (
     LINK_MODELS,
     Cluster,
     ClusterSource,
+    check_in_range,
     compute_times,
     load_cluster,
     work_times,
@@ -136,23 +137,6 @@ def _lower_bound(graph: OpGraph, times: np.ndarray, rank: np.ndarray,
                _critical_path(graph.topo_order, ptr, idx, path, t_min))
 
 
-def _check_in_range(graph: OpGraph, cluster: Cluster, times: np.ndarray) -> None:
-    """TravorderError unless every op on every device and every transfer over the slowest
-    link fit, one after another, in a float: a step is shorter, so none overflows (the
-    sum over all devices is a looser bound than each op's slowest, and 60x cheaper)."""
-    off = ~np.eye(cluster.n_devices, dtype=bool)
-    with np.errstate(over="ignore"):
-        total = float(times.sum())
-        if off.any():
-            total += (graph.edge_bytes.sum() / cluster.bandwidth[off].min()
-                      + graph.n_edges * (cluster.latency[off].max() + cluster.busy_after_us))
-    if not total < np.inf:
-        raise TravorderError(
-            f"graph {graph.name!r} on cluster {cluster.name!r}: its op and transfer times "
-            f"add up to more than a float holds; check the graph's costs and the "
-            f"cluster's peak_flops, mem_bw and bandwidth")
-
-
 def check_placement(graph: OpGraph, cluster: Cluster, placement: Any) -> np.ndarray:
     """``placement`` as an int64 array (one row per placement if 2-D), or TravorderError."""
     a = np.asarray(placement)
@@ -197,7 +181,7 @@ class Simulator:
         self.graph = graph = check_graph(graph, "Simulator")
         self.cluster = cluster = load_cluster(cluster)  # a preset name or file too
         self.compute_us = compute_times(graph, cluster)
-        _check_in_range(graph, cluster, self.compute_us)
+        check_in_range(graph, cluster, self.compute_us)
         n = graph.n_nodes
         rank = tie_rank(graph)
         node_at = np.argsort(rank)
