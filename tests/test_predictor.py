@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -692,6 +693,24 @@ def test_place_auto_checks_orders_with_the_placer_options_it_places_with(model_d
     for given in ({"verify": 2}, {"budget": 5.0}, {"budget": -5}):
         with pytest.raises(TravorderError, match="order='auto'"):
             place(onnx_model, "k80x3", order="topo", **given)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ({"floor": False}, "placer 'greedy' has no option 'floor'"),  # place_graph's own
+    ({"graph": 1}, "placer 'greedy' has no option 'graph'"),
+    ({"training": "no"}, "training must be True or False, not 'no'"),
+    ({"training": None}, "training must be True or False, not None"),
+    ({"example_inputs": [1]}, "example_inputs are for tracing a torch module; a model file"),
+])
+def test_place_refuses_arguments_it_cannot_use(onnx_model, given, message):
+    # once a TypeError (an option twice), or silently taken ("no" as true, None as false)
+    with pytest.raises(TravorderError, match=re.escape(message)):
+        place(onnx_model, "k80x3", order="topo", **given)
+
+
+def test_recommend_order_refuses_example_inputs_for_a_file(model_dir, onnx_model):
+    with pytest.raises(TravorderError, match="leave example_inputs out"):
+        recommend_order(onnx_model, predictor=model_dir, example_inputs=[1])
 
 
 def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_dir, onnx_model):

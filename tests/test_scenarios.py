@@ -118,6 +118,17 @@ def test_pipeline_bad_input():
         training_graph(pipeline_graph(chain(0, n_layers=2), 2))
 
 
+def test_a_pipeline_past_the_node_cap_is_refused_before_it_is_built(monkeypatch):
+    import travorder.graph.pipeline
+
+    t = training_graph(chain(0, n_layers=2))  # no batch size: any count of samples
+    monkeypatch.setattr(travorder.graph.pipeline, "MAX_PIPELINED_NODES", 10 * t.n_nodes)
+    assert pipeline_graph(t, 10).n_nodes == 10 * t.n_nodes
+    with pytest.raises(GraphError, match=rf"^11 micro-batches of the {t.n_nodes}-node step "
+                                         r".* \(give at most 10 micro-batches\)$"):
+        pipeline_graph(t, 11)
+
+
 def test_pipelines_accumulate_whatever_the_colocation_ids():
     g = OpGraph(["a", "b"], [0], [1], flops=[1.0, 1.0], param_bytes=[4.0, 0.0])
     small, huge = (pipeline_graph(training_graph(g.replace(colocation=[c, -1])), 2)

@@ -128,6 +128,11 @@ def as_graph(model: Any, example_inputs: Any = None,
         from travorder.placement.capture import capture_graph
 
         return capture_graph(model, example_inputs)
+    if example_inputs is not None:
+        what = "a model file" if isinstance(model, str) or hasattr(model, "__fspath__") \
+            else f"an {type(model).__name__}"
+        raise TravorderError(f"example_inputs are for tracing a torch module; {what} has "
+                             "its shapes already (leave example_inputs out)")
     if type(model).__name__ == "ModelProto":
         from travorder.graph.onnx_import import read_onnx
 
@@ -407,8 +412,9 @@ def place(model: GraphSource | Any, cluster: ClusterSource = "k80x3", order: str
     everything on one device (or over memory where one device fits) is never returned:
     the single-device placement comes back instead, with ``result.fallback`` set.
     """
-    from travorder.placement.placers import place_graph, with_floor
+    from travorder.placement.placers import canonical_options, place_graph, with_floor
 
+    options = canonical_options(placer, options)  # not place_graph's own: floor=, graph=
     g = as_graph(model, example_inputs, dims)
     c = load_cluster(cluster)
     placed = placed_graph(g, training, batch, micro_batches)

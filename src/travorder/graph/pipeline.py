@@ -18,7 +18,8 @@ pipeline of ``m`` micro-batches:
   share a device and accumulate in place.
 
 With ``m = 1`` the result equals ``g``. More micro-batches than the samples of the
-graph's ``batch_size`` are refused: a micro-batch holds one sample at least. Traversal
+graph's ``batch_size`` are refused: a micro-batch holds one sample at least; so is a
+step of more than `MAX_PIPELINED_NODES` nodes. Traversal
 orders of a pipelined graph are taken from micro-batch 0's graph (`micro_batch_graph`)
 and expanded by `expand_order`: each op's copies follow one another in micro-batch order
 (docs/study.md says why).
@@ -49,6 +50,9 @@ from travorder.graph.opgraph import OpGraph, check_graph, own_groups
 
 #: Separator between an op's name and its micro-batch in a pipelined graph.
 MICRO_BATCH_SEP = "/mb"
+#: Most nodes a pipelined step may have: each costs ~1 kB in the graph and the placers,
+#: and a micro-batch count past this is a slip (minutes and gigabytes before any answer).
+MAX_PIPELINED_NODES = 2_000_000
 
 
 def micro_batches(g: OpGraph) -> int:
@@ -87,6 +91,11 @@ def pipeline_graph(g: OpGraph, m: int) -> OpGraph:
                          f"({micro_batches(g)} micro-batches)")
     check_micro_batches(m, g.meta.get("batch_size"))  # before building: m can be huge
     m, n = int(m), g.n_nodes
+    if m > 1 and m * n > MAX_PIPELINED_NODES:
+        raise GraphError(f"{m} micro-batches of the {n}-node step of {g.name!r} make "
+                         f"{m * n:,} nodes, more than the {MAX_PIPELINED_NODES:,} a pipelined "
+                         f"step may have (give at most {MAX_PIPELINED_NODES // n} "
+                         "micro-batches)")
     coloc, names = g.colocation, g.names.tolist()
     if m > 1:  # an op without a group gets one, so that its copies share a device
         coloc = own_groups(coloc)

@@ -3,6 +3,9 @@ placement is for: a training step at a batch, pipelined."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from travorder.errors import GraphError
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
 from travorder.graph.opgraph import OpGraph
@@ -26,6 +29,8 @@ def placed_graph(graph: OpGraph, training: bool = True, batch: int | None = None
     """The graph a placement of ``graph`` is for: its training step (unless not
     ``training``) at ``batch`` (default: as exported), pipelined over ``micro_batches``,
     never coarsened (what ``travorder.place`` places)."""
+    if not isinstance(training, bool | np.bool_):  # "no" and None would read as a choice
+        raise GraphError(f"training must be True or False, not {training!r}")
     g = graph if batch is None else scale_batch(graph, batch)
     check_micro_batches(micro_batches, g.meta.get("batch_size"))  # before the step is built
     return pipeline_graph(prepare_graph(g, training), micro_batches)
