@@ -521,6 +521,21 @@ def test_bad_recommend_arguments_get_one_line(capsys, model, argv, says):
     assert says in err
 
 
+@pytest.mark.parametrize("argv", [
+    ["recommend-order", "{model}", "--place", ""], ["recommend-order", ""],
+    ["recommend-order", "{model}", "--predictor", ""], ["orders", "{model}", "--order", ""],
+    ["clusters", ""], ["place", "{model}", "-O", ""], ["zoo", "list", "--family", "x", ""]])
+def test_an_empty_argument_is_refused_not_taken_as_absent(capsys, model, argv):
+    # `--place ""` placed nothing, `--order ""` printed every order, `clusters ""` listed all
+    from travorder.cli import recommend_main
+
+    command, *rest = [a.format(model=model) for a in argv]
+    with pytest.raises(SystemExit) as info:
+        recommend_main(rest) if command == "recommend-order" else main([command, *rest])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "an empty value" in err, err
+
+
 def test_unknown_command_and_placer_get_one_line(capsys):
     with pytest.raises(SystemExit) as info:
         main(["nosuch"])

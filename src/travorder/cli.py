@@ -788,6 +788,12 @@ class _Parser(argparse.ArgumentParser):
         namespace, extras = super().parse_known_args(args, namespace)
         if extras and self._subparsers is None:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
+        for action in self._actions:  # `--place ""` read as "not given" (or as ".")
+            value = getattr(namespace, action.dest, None)
+            if action.default != "" and (value == "" or (isinstance(value, list)
+                                                         and "" in value)):
+                self.error(f"argument {'/'.join(action.option_strings) or action.dest}: "
+                           "an empty value (give one, or leave the argument out)")
         return namespace, extras
 
 
