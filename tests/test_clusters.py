@@ -210,6 +210,7 @@ def test_misspelt_setting_in_a_file(tmp_path):
     ({"busy_after_us": -1.0}, "busy_after_us must be finite and non-negative"),
     ({"param_copies": "three"}, "param_copies must be a number"),
     ({"name": None}, "cluster name must be a non-empty string, got None"),
+    ({"description": {"a": 1}}, "description must be a string, got {'a': 1}"),
     ({"bandwidth": "100"}, "bandwidth must be a number, got '100'"),
     ({"bandwidth": np.array([["1", "2"], ["3", "4"]])}, "got an array of <U1"),
     ({"devices": tuple(Device(f"d{i}", 1e12, 1e11) for i in range(1025))},
@@ -229,6 +230,15 @@ def test_invalid_clusters(changes, message):
 def test_invalid_devices(changes, message):
     with pytest.raises(TravorderError, match=message):
         Device(**{"name": "d", "peak_flops": 1e12, "mem_bw": 1e11, **changes})
+
+
+@pytest.mark.parametrize("name", [5, "", None])
+def test_a_counted_device_needs_a_name_too(name):
+    # a count made "5:0", "5:1" of a name that is not one
+    entry = {"name": name, "count": 2, "peak_flops": 1e12, "mem_bw": 1e11}
+    with pytest.raises(TravorderError, match="device name must be a non-empty string"):
+        Cluster.from_dict({"name": "c", "devices": [entry],
+                           "links": {"bandwidth": 1.0, "latency": 0.0}})
 
 
 def test_duplicate_device_names():

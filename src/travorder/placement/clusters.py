@@ -173,6 +173,9 @@ class Cluster:
             raise TravorderError(f"cluster name must be a non-empty string, got "
                                  f"{_short(self.name)}")
         where = f"cluster {self.name!r}"
+        if not isinstance(self.description, str):
+            raise TravorderError(f"{where}: description must be a string, got "
+                                 f"{_short(self.description)}")
         devices = tuple(self.devices)
         if not devices:
             raise TravorderError(f"{where} has no devices")
@@ -297,6 +300,9 @@ class Cluster:
             if count is None:
                 devices.append(Device(**spec))
                 continue
+            if not isinstance(entry["name"], str) or not entry["name"]:  # before ":i"
+                raise TravorderError(f"device name must be a non-empty string, got "
+                                     f"{_short(entry['name'])}")
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise TravorderError(f"device {entry['name']!r}: count must be a positive "
                                      f"integer, got {_short(count)}")
@@ -315,7 +321,7 @@ class Cluster:
             link_model=data.get("link_model", "link"),
             busy_after_us=data.get("busy_after_us", 0.0),
             param_copies=data.get("param_copies", 3.0),
-            description=str(data.get("description", "")),
+            description=data.get("description", ""),
             semantics=data.get("semantics", "travorder"),
         )
 
