@@ -453,6 +453,8 @@ def test_config_presets_and_options() -> None:
     ({"threads": 2**31}, "threads must be between 1 and 1024"),
     ({"dim": 10**11}, "dim and hidden must be between 1 and 4096"),
     ({"gamma": 0.0}, "gamma must be in"),
+    ({"lr": "inf"}, "lr must be positive and finite, got inf"),
+    ({"entropy_coef": math.nan}, "entropy_coef must be finite and non-negative, got nan"),
     ({"encoder": "gat"}, "encoder must be one of"),
     ({"memory": "ignore"}, "memory must be one of"),
     ({"preset": "fast"}, "unknown rl preset"),

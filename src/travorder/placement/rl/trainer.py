@@ -119,10 +119,11 @@ class RLConfig:
         checks = [
             (self.episodes >= 1, "episodes must be at least 1"),
             (self.eval_every >= 1, "eval_every must be at least 1"),
-            (self.lr > 0 and math.isfinite(self.lr), "lr must be positive"),
+            (self.lr > 0 and math.isfinite(self.lr),
+             f"lr must be positive and finite, got {self.lr}"),
             (self.grad_clip > 0, "grad_clip must be positive"),
             (self.entropy_coef >= 0 and math.isfinite(self.entropy_coef),
-             "entropy_coef must be non-negative"),
+             f"entropy_coef must be finite and non-negative, got {self.entropy_coef}"),
             (self.baseline_window >= 1, "baseline_window must be at least 1"),
             (0 < self.gamma <= 1, "gamma must be in (0, 1]"),
             (self.encoder in ENCODERS, f"encoder must be one of {', '.join(ENCODERS)}"),
@@ -130,7 +131,8 @@ class RLConfig:
              f"dim and hidden must be between 1 and {MAX_WIDTH}"),
             (self.memory in MEMORY_MODES, f"memory must be one of {', '.join(MEMORY_MODES)}"),
             (self.memory_penalty >= 0 and math.isfinite(self.memory_penalty),
-             "memory_penalty must be non-negative"),
+             f"memory_penalty must be finite and non-negative, got "
+             f"{self.memory_penalty}"),
             (1 <= self.threads <= MAX_THREADS, f"threads must be between 1 and {MAX_THREADS}"),
             (self.network in NETWORKS, f"network must be one of {', '.join(NETWORKS)}"),
         ]
