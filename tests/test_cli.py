@@ -16,6 +16,7 @@ from onnx import TensorProto, helper
 
 from travorder.cli import main
 from travorder.datasets.onnx_examples import residual_cnn
+from travorder.errors import TravorderError
 from travorder.graph import OpGraph, load_graph, save_graph
 from travorder.graph.native import graph_to_dict
 from travorder.predictor.active import bundled_model_dir
@@ -1087,3 +1088,27 @@ def test_a_lone_surrogate_in_a_json_file_gets_one_line(capsys, model, tmp_path):
     doc["meta"]["name"] = "\udc00"
     graph.write_text(json.dumps(doc))
     _one_line_error(capsys, ["info", str(graph)], r"\udc00 alone")
+
+
+def test_a_file_where_the_installed_model_goes_is_left_alone(capsys, config_home, tmp_path):
+    from travorder.predictor.active import install_as_default
+
+    config_home.parent.mkdir(parents=True)
+    config_home.write_text("mine")
+    _one_line_error(capsys, ["model", "reset"], "is a file, not a model folder travorder "
+                                                "installed; move it away first")
+    with pytest.raises(TravorderError, match="is a file, not a model folder"):
+        install_as_default(bundled_model_dir())
+    assert config_home.read_text() == "mine"
+    config_home.unlink()
+    config_home.parent.rmdir()
+    config_home.parent.write_text("")  # travorder's config folder a file: cannot install
+    with pytest.raises(TravorderError, match=r"cannot install the model of .* as the "
+                                             r"default .*: Not a directory"):
+        install_as_default(bundled_model_dir())
+
+
+def test_a_file_given_as_a_corpus_gets_one_line(capsys, tmp_path):
+    (tmp_path / "f.txt").write_text("x")
+    _one_line_error(capsys, ["zoo", "list", "--corpus", str(tmp_path / "f.txt")],
+                    "a file, not a graph corpus (a folder with manifest.json)")

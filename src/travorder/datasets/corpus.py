@@ -78,6 +78,9 @@ def _dir(corpus_dir: CorpusDir) -> Path:
 def read_manifest(corpus_dir: CorpusDir = None) -> list[dict[str, Any]]:
     """The manifest entries of a corpus (the bundled one by default), sorted by name."""
     path = _dir(corpus_dir) / MANIFEST_NAME
+    if path.parent.exists() and not path.parent.is_dir():
+        raise FormatError(f"{path.parent}: a file, not a graph corpus (a folder with "
+                          f"{MANIFEST_NAME})")
     try:
         doc = parse_json(path.read_text())
     except FileNotFoundError:

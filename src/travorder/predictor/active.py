@@ -87,11 +87,17 @@ def install_as_default(directory: str | os.PathLike[str]) -> Path:
     learned from, replacing any earlier one."""
     _, manifest = _load(str(directory))  # refuse to install a model that does not load
     target = user_model_dir(manifest.get("placer", DEFAULT_PLACER))
+    _check_installed_dir(target)
     tmp = target.with_name(target.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(directory, tmp)
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(directory, tmp)
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    except OSError as exc:  # e.g. ~/.config a file, or read-only
+        raise TravorderError(f"cannot install the model of {str(directory)!r} as the "
+                             f"default ({target}): {exc.strerror or exc}") from None
+    _load.cache_clear()
     return target
 
 
@@ -102,6 +108,16 @@ def reset_default(placer: str = DEFAULT_PLACER) -> Path | None:
     target = user_model_dir(placer)
     if not target.exists():
         return None
-    shutil.rmtree(target)
+    _check_installed_dir(target)
+    try:
+        shutil.rmtree(target)
+    except OSError as exc:
+        raise TravorderError(f"cannot remove {str(target)!r}: {exc.strerror or exc}") from None
     _load.cache_clear()
     return target
+
+
+def _check_installed_dir(target: Path) -> None:
+    if target.exists() and not target.is_dir():  # not one travorder made: not removed
+        raise TravorderError(f"{str(target)!r} is a file, not a model folder travorder "
+                             "installed; move it away first")
