@@ -171,6 +171,14 @@ def test_datasets_that_cannot_be_learned_from_are_one_line(frame):
     text.loc[3, "time_bfs"] = "abc"
     with pytest.raises(TravorderError, match="a feature or step time that is not a number"):
         design_matrix(text)
+    for bad in (-3.0, 0.0, np.inf):  # refused before any fold is fitted
+        wrong = frame.copy()
+        wrong.loc[[3, 5], "time_bfs"] = bad
+        with pytest.raises(TravorderError, match=rf"^dataset row of .* has a step time "
+                                                 rf"of {bad} for 'bfs': step times must be "
+                                                 rf"finite and positive \(2 rows of "
+                                                 rf"{len(frame)} with one\)$"):
+            design_matrix(wrong)
     other = frame.assign(time_bfs=np.nan, time_dfs_preorder=np.nan, time_alpha=1.0)
     with pytest.raises(TravorderError, match=r"at least two orders in every row; its rows "
                                              "share topo$"):
