@@ -264,6 +264,7 @@ def test_a_cluster_too_slow_for_a_float_writes_nothing(tmp_path, capsys):
     assert main(["study", "run", str(tmp_path / "s.toml"), "--store", str(store)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "times add up to more than a float holds" in err
+    assert "graph '3-op check' on cluster 'crawl'" in err  # not graph ''
     assert not store.exists()
 
 

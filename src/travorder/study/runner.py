@@ -50,7 +50,7 @@ from travorder.study.store import ResultStore
 BACKENDS = ("loky", "ray")
 
 _PREFLIGHT = OpGraph(["a", "b", "c"], [0, 1], [1, 2], flops=[1e6, 1e6, 1e6],
-                     output_bytes=[1e3, 1e3, 1e3])
+                     output_bytes=[1e3, 1e3, 1e3], meta={"name": "3-op check"})
 
 
 @dataclass(frozen=True)
