@@ -44,13 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import (
-    FormatError,
-    TravorderError,
-    check_format,
-    parse_json,
-    write_file,
-)
+from travorder.errors import FormatError, TravorderError, check_format, parse_json, write_file
 from travorder.graph.coarsen import coarsen
 from travorder.graph.native import load_native, save_graph
 from travorder.graph.opgraph import OpGraph

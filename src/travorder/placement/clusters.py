@@ -25,13 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import (
-    FormatError,
-    TravorderError,
-    json_text,
-    parse_json,
-    write_file,
-)
+from travorder.errors import FormatError, TravorderError, json_text, parse_json, write_file
 from travorder.graph import OpGraph
 
 #: The link models: one transfer queue per sending device (``bus``, Placeto), per device
