@@ -117,6 +117,9 @@ def test_prepare_graph_expands_and_coarsens():
     ({"clusters": ["k80x3", "nowhere"]}, "unknown cluster 'nowhere'"),
     ({"clusters": ["missing.toml"]}, "no such cluster file"),
     ({"placer": {"name": "magic"}}, "unknown placer 'magic'"),
+    ({"placer": {"name": ["greedy"]}}, r"unknown placer \['greedy'\]"),  # was unhashable
+    ({"placer": {"name": "rl", "options": {"preset": [1]}}}, r"unknown rl preset \[1\]"),
+    ({"graphs": {"synthetic": [{"family": ["chain"]}]}}, "unknown synthetic family"),
     ({"placer": {"name": "greedy", "budget": 3}}, "unknown setting 'budget'"),
     ({"placer": {"name": "rl", "options": {"episodes": "5"}}},  # another config hash
      "placer.options.episodes is the string '5': write it as a number, without quotes"),
@@ -138,6 +141,8 @@ def test_prepare_graph_expands_and_coarsens():
      r"graphs.coarsen_max_nodes must be an integer in \[0, 2\*\*63\)"),
     ({"graphs": {"corpus": True, "training": "yes"}}, "graphs.training must be true"),
     ({"graphs": {"files": ["no_such_graph.onnx"]}}, "no such graph file"),
+    ({"graphs": {"files": [{"path": "no_such_graph.onnx", "family": ""}]}},
+     "graphs.files family must be a non-empty string"),
 ])
 def test_spec_errors(changes, message):
     with pytest.raises(TravorderError, match=message):

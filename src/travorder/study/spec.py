@@ -320,8 +320,9 @@ def _files(value: Any, base: Path, where: str) -> tuple[FileSelection, ...]:
         if not isinstance(item.get("path"), str):
             raise TravorderError(f"{where}: a graphs.files entry has no path")
         family = item.get("family")
-        if family is not None and not isinstance(family, str):
-            raise TravorderError(f"{where}: graphs.files family must be a string")
+        if family is not None and not (isinstance(family, str) and family.strip()):
+            raise TravorderError(f"{where}: graphs.files family must be a non-empty string "
+                                 f"(leave it out for the graph's own), got {family!r}")
         path = base / item["path"]
         if not path.is_file():
             raise FormatError(f"{where}: no such graph file {str(path)!r}")
@@ -342,7 +343,7 @@ def _synthetic(value: Any, where: str) -> tuple[SyntheticSelection, ...]:
         if family is None:
             raise TravorderError(f"{where}: a graphs.synthetic entry lacks its family (one "
                                  f"of {', '.join(SYNTHETIC_FAMILIES)})")
-        if family not in SYNTHETIC_FAMILIES:
+        if not isinstance(family, str) or family not in SYNTHETIC_FAMILIES:
             raise TravorderError(f"{where}: unknown synthetic family {family!r} (valid: "
                                  f"{', '.join(SYNTHETIC_FAMILIES)})")
         seeds = _seeds(item.get("seeds", [0]), f"{where}: graphs.synthetic {family} seeds")
@@ -374,7 +375,7 @@ def _parse(data: Mapping[str, Any], base: Path, where: str) -> StudySpec:
 
     placer = _table(data["placer"], f"{where}: placer")
     _unknown(placer, ("name", "options"), f"{where}: placer")
-    if placer.get("name") not in PLACERS:
+    if not isinstance(placer.get("name"), str) or placer["name"] not in PLACERS:
         raise TravorderError(f"{where}: unknown placer {placer.get('name')!r} (valid: "
                              f"{', '.join(sorted(PLACERS))})")
     options = dict(_table(placer.get("options", {}), f"{where}: placer.options"))

@@ -162,7 +162,7 @@ class RLConfig:
     def from_options(cls, preset: str = "default", **options: Any) -> RLConfig:
         """A preset (``"default"``, ``"paper"`` or ``"paper_long"``) with some fields
         replaced; option values may be strings (as from a command line)."""
-        if preset not in PRESETS:
+        if not isinstance(preset, str) or preset not in PRESETS:
             raise TravorderError(f"unknown rl preset {preset!r} (expected "
                                  f"{', '.join(PRESETS)})")
         names = [f.name for f in dataclasses.fields(cls)]
