@@ -284,12 +284,18 @@ def _placement_cases(tmp_path, model, capsys):
            "links": {"bandwidth": -5.0, "latency": 1.0}}
     nameless = {k: v for k, v in doc.items() if k != "cluster"}
     deviceless = dict(doc, cluster=dict(doc["cluster"], devices=[]))
+    preset = dict(doc, cluster="k80x3")
+    hashless = dict(doc, graph={k: v for k, v in doc["graph"].items() if k != "graph_hash"})
     for name, d in [("short.json", short), ("far.json", far), ("other.json", other),
                     ("neg.json", neg), ("nameless.json", nameless),
-                    ("deviceless.json", deviceless)]:
+                    ("deviceless.json", deviceless), ("preset.json", preset),
+                    ("hashless.json", hashless)]:
         (tmp_path / name).write_text(json.dumps(d))
     return [
         (["simulate", model, str(tmp_path / "nameless.json")], "give --cluster"),
+        (["simulate", model, str(tmp_path / "preset.json")],
+         "has a 'cluster' entry that is not a cluster table: give --cluster"),
+        (["simulate", model, str(tmp_path / "hashless.json")], "lacks graph.graph_hash"),
         (["simulate", model, str(tmp_path / "deviceless.json")],
          f"placement file {str(tmp_path / 'deviceless.json')!r}: cluster"),
         (["convert", model, str(tmp_path / "out.onnx")], "ending in .json.gz"),
@@ -709,7 +715,7 @@ def test_training_options_and_data_are_checked_first(capsys, tmp_path):
         _one_line_error(capsys, [*command, "--data", "bundled:rl", "--placer", "nope"],
                         "unknown placer 'nope'")
     header = tmp_path / "empty.csv"
-    header.write_text(",".join(["graph", "family", "cluster", "best_order", "ties",
+    header.write_text(",".join(["graph", "graph_hash", "family", "cluster", "best_order", "ties",
                                 "placer", "time_topo", "time_bfs"]) + "\n")
     _one_line_error(capsys, ["evaluate", "--data", str(header)], "the dataset has no rows")
     _one_line_error(capsys, ["study", "report", "bundled:rl", "--study", "nope", "--out",

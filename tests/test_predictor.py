@@ -719,6 +719,8 @@ def test_place_refuses_arguments_it_cannot_use(onnx_model, given, message):
 def test_recommend_order_refuses_example_inputs_for_a_file(model_dir, onnx_model):
     with pytest.raises(TravorderError, match="leave example_inputs out"):
         recommend_order(onnx_model, predictor=model_dir, example_inputs=[1])
+    with pytest.raises(TravorderError, match="explain must be True or False, not 'yes'"):
+        recommend_order(onnx_model, predictor=model_dir, explain="yes")
 
 
 def test_recommends_the_safest_order_tied_at_the_lowest_expected_regret(model_dir, onnx_model):

@@ -6,6 +6,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -22,6 +23,7 @@ from hypothesis import strategies as st
 
 from travorder.datasets.synthetic import chain, rnn
 from travorder.errors import FormatError, TravorderError
+from travorder.featurize import FEATURE_SCHEMA_VERSION
 from travorder.graph import OpGraph, prepare_graph
 from travorder.placement import PLACERS, load_cluster
 from travorder.placement.placers.heuristics import greedy
@@ -732,6 +734,32 @@ def test_export_errors(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     with pytest.raises(FormatError, match="not a travorder study dataset"):
         load_dataset(tmp_path / "x.csv")
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda d: d.assign(time_bfs=d["time_topo"]).rename(columns={"time_bfs": "time_topo"}),
+     "column 'time_topo' appears twice"),  # pandas reads the second as time_topo.1
+    (lambda d: d.assign(time_sideways=1.0), "'time_sideways' is the step time of no order"),
+    (lambda d: d.assign(feature_schema=FEATURE_SCHEMA_VERSION),  # the hand store's: x, y
+     "no column 'f_n_nodes'"),
+    (lambda d: d.drop(columns="graph_hash"), "no column 'graph_hash'"),
+    (lambda d: d.assign(graph=np.nan), "column 'graph' has rows without a name"),
+    (lambda d: d.assign(cluster=""), "column 'cluster' has rows without a name"),
+    (lambda d: d.assign(f_n_nodes=np.inf), "a feature is not a finite number"),
+    (lambda d: d.assign(time_topo=-3.0), "a step time is not finite and positive"),
+    (lambda d: d.assign(coarsen_max_nodes="abc"), "'coarsen_max_nodes' holds values that"),
+    (lambda d: d.assign(best_order="sideways"), "best_order 'sideways' is no order"),
+    (lambda d: d.assign(ties="[[[["), "ties '[[[[' names something that is no order"),
+    (lambda d: d.assign(scenario_def="{not json"), "scenario_def '{not json' is not a "),
+])
+def test_a_dataset_with_unusable_values_is_refused_when_read(tmp_path, edit, message):
+    # each once a KeyError or TypeError in report, train or evaluate, or a made-up order
+    _hand_store(tmp_path / "h.sqlite")
+    export_dataset(tmp_path / "h.sqlite", tmp_path / "d.csv")
+    assert not load_dataset(tmp_path / "d.csv").empty
+    edit(pd.read_csv(tmp_path / "d.csv")).to_csv(tmp_path / "bad.csv", index=False)
+    with pytest.raises(FormatError, match=re.escape(message)):
+        load_dataset(tmp_path / "bad.csv")
 
 
 # ---------------------------------------------------------------------------- report

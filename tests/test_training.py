@@ -120,3 +120,15 @@ def test_training_graph_of_random_dags(g):
     pos = np.empty(2 * n, dtype=np.int64)
     pos[t.topo_order] = np.arange(2 * n)
     assert np.all(pos[:n] < pos[n:])
+
+
+@pytest.mark.parametrize("costs", [{"flops": [1e308, 1.0]}, {"time_us": [1.0, 1e308]}])
+def test_a_backward_op_past_a_float_names_its_forward_op(recwarn, costs):
+    # once a numpy overflow warning, then "time_us must be finite ... on node 'b_grad'"
+    g = OpGraph(["a", "b"], [0], [1], meta={"name": "big"}, **costs)
+    op = "a" if "flops" in costs else "b"
+    with pytest.raises(GraphError, match=rf"^op '{op}' of 'big': its "
+                                         rf"{next(iter(costs))} \(1e\+308\) times 2 for "
+                                         r"its backward op is more than a float holds$"):
+        training_graph(g)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]

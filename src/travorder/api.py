@@ -213,6 +213,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         raise TravorderError(f"the shortlist size must be an integer, not {verify!r}")
     if budget is not None and verify:
         raise TravorderError("give a time budget or a shortlist size, not both")
+    if not isinstance(explain, bool):
+        raise TravorderError(f"explain must be True or False, not {explain!r}")
     placed = placed_graph(g, training, batch, micro_batches)  # checks batch, micro-batches
     check_in_range(placed, c, compute_times(placed, c))  # the features' logs need it
     est, manifest, description = load_predictor(predictor, placer)

@@ -472,8 +472,9 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         raise BatchError(f"{exc}; the batch is that of placement file {args.placement!r}: "
                          f"a placement of another model?") from None
     if args.cluster is None and not isinstance(doc.get("cluster"), dict):
-        raise TravorderError(f"placement file {args.placement!r} does not say its cluster: "
-                             f"give --cluster")
+        says = "does not say its cluster" if doc.get("cluster") is None \
+            else "has a 'cluster' entry that is not a cluster table"
+        raise TravorderError(f"placement file {args.placement!r} {says}: give --cluster")
     if args.cluster is None:
         try:
             cluster = Cluster.from_dict(doc["cluster"])

@@ -76,6 +76,16 @@ def training_graph(g: OpGraph, *, backward_flops_factor: float = 2.0) -> OpGraph
                          f"training step first, then pipeline it")
     n = g.n_nodes
     names = g.names.tolist()
+    with np.errstate(over="ignore"):
+        backward_flops = backward_flops_factor * g.flops
+        backward_time = backward_flops_factor * g.time_us
+    for what, scaled, own in (("flops", backward_flops, g.flops),
+                              ("time_us", backward_time, g.time_us)):
+        if np.isinf(scaled).any():  # named by the forward op the user wrote (nan: unmeasured)
+            i = int(np.argmax(np.isinf(scaled)))
+            raise GraphError(f"op {names[i]!r} of {g.name!r}: its {what} ({own[i]:g}) "
+                             f"times {backward_flops_factor:g} for its backward op is more "
+                             f"than a float holds")
     suffix = _grad_suffix(names)
     nodes = np.arange(n, dtype=np.int64)
 
@@ -86,10 +96,10 @@ def training_graph(g: OpGraph, *, backward_flops_factor: float = 2.0) -> OpGraph
     return g.replace(
         names=names + [x + suffix for x in names],
         op_types=g.op_types.tolist() * 2,
-        flops=np.concatenate([g.flops, backward_flops_factor * g.flops]),
+        flops=np.concatenate([g.flops, backward_flops]),
         output_bytes=np.concatenate([g.output_bytes, grad_out]),
         param_bytes=np.concatenate([g.param_bytes, np.zeros(n)]),
-        time_us=np.concatenate([g.time_us, backward_flops_factor * g.time_us]),
+        time_us=np.concatenate([g.time_us, backward_time]),
         colocation=np.concatenate([coloc, coloc]),
         is_backward=np.repeat([False, True], n),
         src=np.concatenate([g.src, g.dst + n, nodes]),

@@ -480,8 +480,8 @@ def work_times(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     order = np.lexsort((graph.edge_bytes, graph.dst))
     in_bytes = np.bincount(graph.dst[order], weights=graph.edge_bytes[order],
                            minlength=graph.n_nodes)
-    moved = in_bytes + graph.output_bytes + graph.param_bytes
-    with np.errstate(over="ignore"):  # an overflow is the simulator's error to report
+    with np.errstate(over="ignore"):  # an overflow is check_in_range's error to report
+        moved = in_bytes + graph.output_bytes + graph.param_bytes
         roofline = np.maximum(graph.flops[:, None] / peak, moved[:, None] / mem_bw) * 1e6
     measured = graph.time_us[:, None] * (peak[0] / peak)
     t = np.where(np.isnan(graph.time_us)[:, None], roofline, measured)

@@ -156,6 +156,9 @@ def _read(path: Path) -> dict[str, Any]:
         raise FormatError(f"placement file {str(path)!r}: devices must be a non-empty list "
                           f"of device names, got {doc['devices']!r}")
     step = doc["graph"]
+    if not isinstance(step.get("graph_hash"), str):  # else "placement is for graph None"
+        raise FormatError(f"placement file {str(path)!r} lacks graph.graph_hash (which "
+                          f"graph it places)")
     for key, ok, what in (
             ("training", lambda v: isinstance(v, bool), "true or false"),
             ("batch", lambda v: v is None or _count(v), "null or an integer >= 1"),

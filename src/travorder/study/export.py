@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from travorder.errors import FormatError, TravorderError, write_file
+from travorder.featurize import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 from travorder.graph import OpGraph
 from travorder.placement import ORDERS, Cluster
 from travorder.placement.placers import falls_back
@@ -264,7 +265,6 @@ def dataset_frame(store_path: str | os.PathLike[str], rel_tol: float = REL_TOL,
     ``study`` (so that results of graphs since changed are left out)."""
     import pandas as pd
 
-    from travorder.featurize import FEATURE_NAMES
     from travorder.featurize.cluster import CLUSTER_FEATURE_NAMES, cluster_features
     from travorder.featurize.scenario import SCENARIO_FEATURE_NAMES
 
@@ -358,7 +358,7 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
         data = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path)
     except Exception as exc:  # pyarrow and pandas raise many types for a broken file
         raise FormatError(f"{path}: not a readable dataset ({exc})") from None
-    missing = [c for c in ("graph", "family", "cluster", "best_order", "ties")
+    missing = [c for c in ("graph", "graph_hash", "family", "cluster", "best_order", "ties")
                if c not in data.columns]
     if missing or not dataset_orders(data):
         raise FormatError(f"{path}: not a travorder study dataset (no column "
@@ -368,7 +368,61 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
     numeric = [c for c in data.columns if c.startswith(("f_", "s_", "c_", "time_"))]
     if bad := next((c for c in numeric if not pd.api.types.is_numeric_dtype(data[c])), None):
         raise FormatError(f"{path}: column {bad!r} holds values that are not numbers")
+    if problem := _content_problem(data):
+        raise FormatError(f"{path}: {problem}")
     return _own_families(data)  # exported before files without one got theirs
+
+
+def _content_problem(data: Any) -> str:
+    """What makes a dataset's values unusable (``""``: nothing): what a hand-edited or
+    foreign file gets wrong, refused here rather than as a KeyError in a report or a model
+    with a made-up order."""
+    columns = set(data.columns)
+    if dup := next((c for c in data.columns if "." in c and c.rsplit(".", 1)[1].isdigit()
+                    and c.rsplit(".", 1)[0] in columns), None):  # pandas renames a repeat
+        return f"column {dup.rsplit('.', 1)[0]!r} appears twice"
+    if unknown := [o for o in dataset_orders(data) if o not in ORDERS]:
+        return f"column 'time_{unknown[0]}' is the step time of no order"
+    needed = [f"f_{n}" for n in FEATURE_NAMES] if FEATURE_SCHEMA_VERSION in set(
+        data.get("feature_schema", [FEATURE_SCHEMA_VERSION])) else []  # older: others
+    if lacking := [c for c in needed if c not in columns]:
+        return f"no column {lacking[0]!r} (of an older travorder, or edited?)"
+    for column in ("graph", "graph_hash", "cluster", "scenario", "best_order"):
+        if column in columns and not data[column].map(lambda v: isinstance(v, str)
+                                                       and v != "").all():
+            return f"column {column!r} has rows without a name (empty or not text)"
+    features = data[[c for c in data.columns if c.startswith(("f_", "s_", "c_"))]]
+    if not np.isfinite(features.to_numpy(dtype=float)).all():
+        return "a feature is not a finite number in some rows"
+    times = data[[f"time_{o}" for o in dataset_orders(data)]].to_numpy(dtype=float)
+    if not ((times > 0) & np.isfinite(times) | np.isnan(times)).all():
+        return "a step time is not finite and positive in some rows"
+    if "coarsen_max_nodes" in columns and not _whole_numbers(data["coarsen_max_nodes"]):
+        return "column 'coarsen_max_nodes' holds values that are not whole numbers"
+    # Names, not per row: a source may hold fewer orders than its rows' summary names
+    # (read_sources recomputes the summary where sources are merged).
+    if bad := next((b for b in data["best_order"].unique() if b not in ORDERS), None):
+        return f"best_order {bad!r} is no order"
+    for ties in data["ties"].dropna().unique():
+        if not isinstance(ties, str) or not set(ties.split(",")) <= {*ORDERS, ""}:
+            return f"ties {ties!r} names something that is no order"
+    if "scenario_def" in columns:
+        for text in data["scenario_def"].dropna().unique():
+            try:
+                row_scenario(text)
+            except (TravorderError, TypeError, ValueError) as exc:
+                return f"scenario_def {str(text)[:40]!r} is not a scenario ({exc})"
+    return ""
+
+
+def _whole_numbers(column: Any) -> bool:
+    """Whether every value of ``column`` (NaN aside) is a whole number."""
+    import pandas as pd
+
+    if not pd.api.types.is_numeric_dtype(column):
+        return False
+    values = column.dropna().to_numpy(dtype=float)
+    return bool(np.all(values == np.round(values)))
 
 
 def _own_families(data: Any) -> Any:
