@@ -26,14 +26,7 @@ from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.graph.batch import bind_hint
 from travorder.graph.prepare import placed_graph
-from travorder.placement.clusters import (
-    PRESETS,
-    Cluster,
-    ClusterSource,
-    check_in_range,
-    compute_times,
-    load_cluster,
-)
+from travorder.placement.clusters import PRESETS, Cluster, ClusterSource, load_cluster
 from travorder.placement.orders import ORDERS, identical_orders
 from travorder.predictor.active import load_predictor
 from travorder.predictor.dataset import feature_row
@@ -216,7 +209,6 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
     if not isinstance(explain, bool):
         raise TravorderError(f"explain must be True or False, not {explain!r}")
     placed = placed_graph(g, training, batch, micro_batches)  # checks batch, micro-batches
-    check_in_range(placed, c, compute_times(placed, c))  # the features' logs need it
     est, manifest, description = load_predictor(predictor, placer)
     scenario = user_scenario(batch, micro_batches, manifest)
     # Features of the graph as the study that trained the predictor placed it.

@@ -92,15 +92,11 @@ def design_matrix(frame: pd.DataFrame, orders: list[str] | None = None) -> Train
     except (TypeError, ValueError) as exc:
         raise TravorderError(f"dataset holds a feature or step time that is not a number "
                              f"({exc})") from None
-    bad = ~(np.isfinite(times.to_numpy()) & (times.to_numpy() > 0))
-    if bad.any():  # before any fitting: the estimator refuses them after minutes of folds
-        i, j = np.argwhere(bad)[0]
-        where = ", ".join(f"{k} {frame[k].iloc[i]!r}" for k in ("graph", "cluster", "scenario")
-                          if k in frame.columns)
-        n_bad = int(bad.any(axis=1).sum())
-        raise TravorderError(f"dataset row of {where} has a step time of {times.iat[i, j]} "
-                             f"for {orders[j]!r}: step times must be finite and positive "
-                             f"({n_bad} row{'s' * (n_bad != 1)} of {len(frame)} with one)")
+    from travorder.study.export import bad_step_time  # numba: off recommend-order's path
+
+    if bad := bad_step_time(frame, orders):  # before fitting: fit refuses it after folds
+        raise TravorderError(f"dataset {bad[0]}: step times must be finite and positive "
+                             f"({bad[1]})")
     if cfeats is None:
         clusters = {c: cluster_columns(load_cluster(c)) for c in frame["cluster"].unique()}
         cfeats = pd.DataFrame([clusters[c] for c in frame["cluster"]], columns=cnames)

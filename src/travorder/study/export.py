@@ -394,9 +394,8 @@ def _content_problem(data: Any) -> str:
     features = data[[c for c in data.columns if c.startswith(("f_", "s_", "c_"))]]
     if not np.isfinite(features.to_numpy(dtype=float)).all():
         return "a feature is not a finite number in some rows"
-    times = data[[f"time_{o}" for o in dataset_orders(data)]].to_numpy(dtype=float)
-    if not ((times > 0) & np.isfinite(times) | np.isnan(times)).all():
-        return "a step time is not finite and positive in some rows"
+    if bad := bad_step_time(data, dataset_orders(data)):
+        return f"a step time is not finite and positive in some rows: {bad[0]} ({bad[1]})"
     if "coarsen_max_nodes" in columns and not _whole_numbers(data["coarsen_max_nodes"]):
         return "column 'coarsen_max_nodes' holds values that are not whole numbers"
     # Names, not per row: a source may hold fewer orders than its rows' summary names
@@ -413,6 +412,21 @@ def _content_problem(data: Any) -> str:
             except (TravorderError, TypeError, ValueError) as exc:
                 return f"scenario_def {str(text)[:40]!r} is not a scenario ({exc})"
     return ""
+
+
+def bad_step_time(data: Any, orders: Sequence[str]) -> tuple[str, str] | None:
+    """Where ``data`` has a step time of one of ``orders`` that is not finite and positive
+    (NaN: an order not run, allowed), and how many rows have one; None if none does."""
+    times = data[[f"time_{o}" for o in orders]].to_numpy(dtype=float)
+    bad = ~(np.isnan(times) | (np.isfinite(times) & (times > 0)))
+    if not bad.any():
+        return None
+    i, j = np.argwhere(bad)[0]
+    where = ", ".join(f"{k} {data[k].iloc[i]!r}" for k in ("graph", "cluster", "scenario")
+                      if k in data.columns)
+    n = int(bad.any(axis=1).sum())
+    return (f"row of {where} has a step time of {times[i, j]} for {orders[j]!r}",
+            f"{n} row{'s' * (n != 1)} of {len(data)} with one")
 
 
 def _whole_numbers(column: Any) -> bool:

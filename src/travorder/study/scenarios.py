@@ -47,7 +47,7 @@ from travorder.graph import OpGraph, prepare_graph
 from travorder.graph.batch import check_scalable, scale_batch
 from travorder.graph.perturb import MAX_NOISE, perturb_costs
 from travorder.graph.pipeline import check_micro_batches, pipeline_graph
-from travorder.placement.clusters import Cluster, compute_times
+from travorder.placement.clusters import Cluster, check_in_range, compute_times
 
 #: The largest ``latency_us``: a second (a kernel's floor is some microseconds).
 MAX_LATENCY_US = 1e6
@@ -337,6 +337,7 @@ def features_of(graph: OpGraph, cluster: Cluster, compiled: bool = True) -> dict
     """`travorder.featurize.scenario.scenario_features` of a prepared graph on a cluster:
     compute times on the fastest device, the single-device peak from the simulator."""
     times = compute_times(graph, cluster)
+    check_in_range(graph, cluster, times)  # an overflow is no feature (log10 of 0)
     fastest = int(np.argmin(times.sum(axis=0))) if graph.n_nodes else 0
     return scenario_features(graph, cluster, times[:, fastest] if graph.n_nodes else [],
                              single_device_peak(graph, cluster, compiled))
