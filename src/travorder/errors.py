@@ -140,7 +140,8 @@ def parse_json(text: str | bytes) -> Any:
         doc = json.loads(text)
     except RecursionError:
         raise json.JSONDecodeError("nested too deeply to read", text, 0) from None
-    if match := _LONE_SURROGATE.search(text):
+    # A find first: the regex alone read a graph 2.6x slower (benchmarks/parse_json.py).
+    if "\\u" in text and (match := _LONE_SURROGATE.search(text)):
         try:
             json.dumps(doc, ensure_ascii=False).encode()
         except UnicodeEncodeError:
