@@ -824,6 +824,26 @@ def test_report_replaces_an_earlier_report_and_refuses_datasets_without_its_colu
         assert not (tmp_path / "r2").exists()
 
 
+def test_report_reads_a_dataset_without_feasible_columns_and_refuses_lost_winners(tmp_path):
+    _hand_store(tmp_path / "h.sqlite")
+    data = dataset_frame(tmp_path / "h.sqlite")
+    # feasible_ columns missing read as feasible, as in every other reader (was a KeyError)
+    data.drop(columns=[c for c in data.columns if c.startswith("feasible_")]).to_csv(
+        tmp_path / "nofeas.csv", index=False)
+    assert (tmp_path / "r1" / "index.html") in write_report(tmp_path / "nofeas.csv",
+                                                            tmp_path / "r1")
+    best = data["best_order"].iloc[0]
+    lost = (data.drop(columns=[f"{k}_{best}" for k in ("time", "se", "seeds", "feasible")]),
+            data.assign(**{f"time_{best}": float("nan")}))  # KeyError; a report of NaN
+    for i, edited in enumerate(lost):
+        edited.to_csv(tmp_path / "lost.csv", index=False)
+        with pytest.raises(TravorderError, match=rf"graph 'g', cluster 'k80x3', scenario "
+                                                 rf"'batch=export' names '{best}' among its "
+                                                 rf"best orders but has no step time for it"):
+            write_report(tmp_path / "lost.csv", tmp_path / f"r{i + 2}")
+        assert not (tmp_path / f"r{i + 2}").exists()
+
+
 def test_report_of_several_sources_keeps_coarsening_levels_apart(tmp_path):
     _hand_store(tmp_path / "h.sqlite")
     export_dataset(tmp_path / "h.sqlite", tmp_path / "h.parquet")

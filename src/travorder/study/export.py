@@ -238,10 +238,7 @@ def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
         np.isfinite(single))
     for o in orders:
         t = data[f"time_{o}"].to_numpy(dtype=float)
-        se = (data[f"se_{o}"].to_numpy(dtype=float) if f"se_{o}" in data.columns
-              else np.zeros(len(data)))
-        feasible = (data[f"feasible_{o}"].to_numpy(dtype=float)
-                    if f"feasible_{o}" in data.columns else np.ones(len(data)))
+        se, feasible = order_column(data, "se", o), order_column(data, "feasible", o)
         floor = falls_back(t, feasible >= 1.0, single, fits) & ~np.isnan(t)  # o did not run
         out[f"time_{o}"] = np.where(floor, single, t)
         out[f"se_{o}"] = np.where(floor, 0.0, se)
@@ -472,6 +469,20 @@ def row_graph(row: Any) -> OpGraph | None:
 def dataset_orders(data: Any) -> list[str]:
     """The orders with a ``time_<order>`` column in ``data``."""
     return [c[len("time_"):] for c in data.columns if c.startswith("time_")]
+
+
+#: The value of a missing ``se_`` (one seed) or ``feasible_`` (fits) column.
+_ORDER_DEFAULTS = {"se": 0.0, "feasible": 1.0}
+
+
+def order_column(data: Any, kind: str, order: str) -> np.ndarray:
+    """Column ``<kind>_<order>`` of ``data`` as floats; a missing ``se_`` reads as 0
+    (one seed) and a missing ``feasible_`` as 1 (a hand-made dataset or one of an
+    older travorder)."""
+    column = f"{kind}_{order}"
+    if column in data.columns:
+        return data[column].to_numpy(dtype=float)
+    return np.full(len(data), _ORDER_DEFAULTS[kind])
 
 
 def bundled_dataset(name: str = "greedy") -> Any:

@@ -65,6 +65,7 @@ from travorder.study.export import (
     REL_TOL,
     dataset_orders,
     is_store,
+    order_column,
     read_sources,
     row_graph,
     study_filter,
@@ -93,9 +94,9 @@ def ratios(data: Any) -> Any:
     """
     orders = dataset_orders(data)
     times = data[[f"time_{o}" for o in orders]].to_numpy()
-    feasible = data[[f"feasible_{o}" for o in orders]].to_numpy()
-    best_ok = np.array([row[f"feasible_{b}"] == 1.0 for b, row in
-                        zip(data["best_order"], data.to_dict("records"), strict=True)])
+    feasible = np.column_stack([order_column(data, "feasible", o) for o in orders])
+    column = {o: j for j, o in enumerate(orders)}
+    best_ok = feasible[np.arange(len(data)), [column[b] for b in data["best_order"]]] == 1.0
     out = data[[f"time_{o}" for o in orders]].copy()
     out.columns = orders
     out[:] = np.where((feasible < 1.0) & best_ok[:, None], np.inf,
@@ -168,7 +169,7 @@ def scenario_summary(data: Any, rel_tol: float = REL_TOL) -> Any:
     import pandas as pd
 
     orders = dataset_orders(data)
-    feasible = data[[f"feasible_{o}" for o in orders]].to_numpy() == 1.0
+    feasible = np.column_stack([order_column(data, "feasible", o) for o in orders]) == 1.0
     rows = []
     for (placer, scenario, level, cluster), idx in data.groupby(
             ["placer", "scenario", coarsening(data), "cluster"], sort=False).groups.items():
@@ -486,6 +487,7 @@ def write_report(sources: str | os.PathLike[str] | Sequence[str | os.PathLike[st
     sources = [sources] if isinstance(sources, str | os.PathLike) else list(sources)
     out = Path(out_dir)
     data = read_sources(sources, study, REPORT_COLUMNS)  # bad input: nothing written
+    _check_winners(data)
     if out.exists() and not out.is_dir():
         raise TravorderError(f"{str(out)!r} is a file, not a folder")
     target = Path(os.path.realpath(out))
@@ -523,6 +525,23 @@ _FIGURE_PREFIXES = ("wins_", "ratio_", "curves_", "timeline_")
 REPORT_COLUMNS = ("graph", "family", "cluster", "placer", "scenario", "scenario_def",
                   "coarsen_max_nodes", "single_device_feasible", "speedup", "gap_worst",
                   "gap_second", "second_tied")
+
+
+def _check_winners(data: Any) -> None:
+    """Refuse rows whose ``best_order`` or ``ties`` name an order without a step time
+    there: the summary of a study's orders of which only some are given."""
+    times = {o: data[f"time_{o}"].to_numpy(dtype=float) for o in dataset_orders(data)}
+    for i, (best, ties) in enumerate(zip(data["best_order"], data["ties"].astype(str),
+                                         strict=True)):
+        lost = [o for o in dict.fromkeys([best, *ties.split(",")])
+                if o not in times or np.isnan(times[o][i])]
+        if lost:
+            row = data.iloc[i]
+            raise TravorderError(
+                f"dataset row of graph {row['graph']!r}, cluster {row['cluster']!r}, "
+                f"scenario {row['scenario']!r} names {lost[0]!r} among its best orders "
+                f"but has no step time for it: give the study's other results as well, "
+                f"or export the dataset again")
 
 
 def _remove_orphans(parent: Path, prefix: str) -> None:
