@@ -372,6 +372,29 @@ def test_a_batch_dimension_of_minus_one_or_zero_is_no_batch_size():
         assert read_onnx(model).meta["batch_size"] is None
 
 
+def test_undefined_element_types_and_negative_sizes_are_refused():
+    w = numpy_helper.from_array(np.zeros((4, 4), np.float32), "w")
+    mm = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+          helper.make_node("Relu", ["h"], ["y"], name="r")]
+    assert read_onnx(model_of(mm, [value("x", [2, 4])], [value("y", None)], [w]))
+    odd = onnx.TensorProto()
+    odd.CopyFrom(w)
+    odd.data_type = 999  # once 0 bytes of parameters
+    negative = helper.make_tensor("w", TensorProto.FLOAT, [4, 4], np.zeros(16))
+    negative.dims[1] = -4
+    for inputs, weights, message in [
+            ([value("x", [2, 4])], [odd], "initializer 'w' has element type 999, which ONNX "
+                                          "does not define"),
+            ([value("x", [2, 4], 999)], [w], "input 'x' has element type 999"),
+            # once "flops must be finite and non-negative, got -160 on node 'mm'"
+            ([value("x", [-5, 4])], [w], r"input 'x' has a dimension of -5 \(a size is 0 "
+                                         r"or more, or -1 for any\)"),
+            ([value("x", [2, 4])], [negative], r"initializer 'w' has a dimension of -4 \(a "
+                                               r"size is 0 or more\)$")]:
+        with pytest.raises(FormatError, match=message):
+            read_onnx(model_of(mm, inputs, [value("y", None)], weights))
+
+
 # ---------------------------------------------------------------- files
 def test_external_data_missing_still_loads_weight_shapes(tmp_path):
     model = residual_cnn(blocks=1)

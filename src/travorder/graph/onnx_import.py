@@ -92,6 +92,7 @@ def read_onnx(
                 "model with it unrolled or removed"
             )
     check_dims(dims)
+    _check_declared(model.graph, where)
     inferred, symbolic = _infer_shapes(model, dict(dims or {}), where)
     graph = model.graph
     params = {t.name for t in graph.initializer}
@@ -148,6 +149,32 @@ def _parse(load: Callable[[], ModelProto], where: str) -> ModelProto:
 
 
 # ------------------------------------------------------------------ shapes
+_DATA_TYPES = frozenset(TensorProto.DataType.values())
+
+
+def _check_declared(graph: GraphProto, where: str) -> None:
+    """Refuse an element type ONNX does not define, and a negative size, in the tensors
+    the file declares (once counted as 0 bytes, or as negative FLOPs of a later node).
+    A declared value's dimension of -1 is an exporter's "any" and reads as unknown."""
+    declared = [(f"initializer {t.name!r}", t.data_type, list(t.dims), 0)
+                for t in graph.initializer]
+    declared += [(f"sparse initializer {t.values.name!r}", t.values.data_type,
+                  list(t.dims), 0) for t in graph.sparse_initializer]
+    for field in ("input", "output", "value_info"):
+        for vi in getattr(graph, field):
+            if vi.type.HasField("tensor_type"):
+                tt = vi.type.tensor_type
+                declared.append((f"{field.replace('_', ' ')} {vi.name!r}", tt.elem_type,
+                                 [d.dim_value for d in tt.shape.dim], -1))
+    for what, data_type, shape, lowest in declared:
+        if data_type not in _DATA_TYPES:
+            raise FormatError(f"{where}: {what} has element type {data_type}, which ONNX "
+                              f"does not define")
+        if bad := [d for d in shape if d < lowest]:
+            raise FormatError(f"{where}: {what} has a dimension of {bad[0]} (a size is 0 "
+                              f"or more{', or -1 for any' if lowest else ''})")
+
+
 def _infer_shapes(
     model: ModelProto, dims: dict[str, int], where: str
 ) -> tuple[ModelProto, list[str]]:
