@@ -76,6 +76,13 @@ def test_arrays_and_attributes_are_read_only():
         ([{"name": "a", "time_us": -2.0}], [], r"time_us must be finite .*, got -2 on node 'a'"),
         ([{"name": "a"}, {"name": "b"}, {"name": "c"}], [("b", "c", 1), ("a", "c", -5)],
          "edge_bytes must be finite and non-negative, got -5 on edge 'a' -> 'c'"),
+        # each finite, their sum not (once an "unlimited" activation total with a warning)
+        ([{"name": "a", "output_bytes": 1e308}, {"name": "b", "output_bytes": 1e308}], [],
+         "the output_bytes of the graph's nodes add up to more than a float holds"),
+        ([{"name": "a", "time_us": 1e308}, {"name": "b", "time_us": 1e308},
+          {"name": "c"}], [], "the time_us of the graph's nodes add up to more than"),
+        ([{"name": "a"}, {"name": "b"}, {"name": "c"}], [("a", "b", 1e308), ("b", "c", 1e308)],
+         "the edge_bytes of the graph's edges add up to more than a float holds"),
         (["a"], [], "node record 0 must be a mapping with a 'name', got 'a'"),
         ([{"nam": "a"}], [], "node record 0 must be a mapping with a 'name'"),
         ([{"name": "a"}, {"name": "b"}], [("a",)], r"an edge is \(src, dst\), "),

@@ -197,6 +197,13 @@ class OpGraph:
             i = int(np.flatnonzero(bad)[0])
             raise GraphError(f"time_us must be finite and non-negative (NaN for unknown), "
                              f"got {t[i]:g} on node {names_list[i]!r}")
+        with np.errstate(over="ignore"):  # a sum past a float: every total is infinite
+            totals = {f: float(np.nansum(a)) for f, a in
+                      [*arrays.items(), ("time_us", t), ("edge_bytes", eb)]}
+        if over := [f for f, total in totals.items() if not np.isfinite(total)]:
+            raise GraphError(f"the {over[0]} of the graph's "
+                             f"{'edges' if over[0] == 'edge_bytes' else 'nodes'} add up to "
+                             f"more than a float holds")
         coloc = (np.full(n, -1, dtype=np.int64) if colocation is None
                  else _int_array(colocation, "colocation groups", "node"))
         back = np.zeros(n, dtype=bool) if is_backward is None else np.asarray(is_backward)
