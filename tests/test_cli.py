@@ -286,7 +286,9 @@ def _placement_cases(tmp_path, model, capsys):
     deviceless = dict(doc, cluster=dict(doc["cluster"], devices=[]))
     preset = dict(doc, cluster="k80x3")
     hashless = dict(doc, graph={k: v for k, v in doc["graph"].items() if k != "graph_hash"})
-    for name, d in [("short.json", short), ("far.json", far), ("other.json", other),
+    devs = doc["devices"]  # once simulated by index whatever the names
+    renamed, twice = dict(doc, devices=devs[::-1]), dict(doc, devices=[devs[0]] * len(devs))
+    for name, d in [("renamed.json", renamed), ("twice.json", twice),("short.json", short), ("far.json", far), ("other.json", other),
                     ("neg.json", neg), ("nameless.json", nameless),
                     ("deviceless.json", deviceless), ("preset.json", preset),
                     ("hashless.json", hashless)]:
@@ -296,6 +298,11 @@ def _placement_cases(tmp_path, model, capsys):
         (["simulate", model, str(tmp_path / "preset.json")],
          "has a 'cluster' entry that is not a cluster table: give --cluster"),
         (["simulate", model, str(tmp_path / "hashless.json")], "lacks graph.graph_hash"),
+        (["simulate", model, str(tmp_path / "renamed.json")],
+         f"places on devices {doc['devices'][::-1]}, but its cluster 'k80x3' has "
+         f"{doc['devices']} (an edited file?); give --cluster"),
+        (["simulate", model, str(tmp_path / "twice.json")],
+         "devices must be a non-empty list of distinct device names"),
         (["simulate", model, str(tmp_path / "deviceless.json")],
          f"placement file {str(tmp_path / 'deviceless.json')!r}: cluster"),
         (["convert", model, str(tmp_path / "out.onnx")], "ending in .json.gz"),

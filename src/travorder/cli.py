@@ -480,6 +480,11 @@ def cmd_simulate(args: argparse.Namespace) -> None:
             cluster = Cluster.from_dict(doc["cluster"])
         except TravorderError as exc:
             raise type(exc)(f"placement file {args.placement!r}: {exc}") from None
+        if (names := [d.name for d in cluster.devices]) != doc["devices"]:
+            raise TravorderError(f"placement file {args.placement!r} places on devices "
+                                 f"{doc['devices']}, but its cluster {cluster.name!r} has "
+                                 f"{names} (an edited file?); give --cluster to place its "
+                                 f"device indices on a cluster")
     else:
         cluster = load_cluster(args.cluster)
     placement, _ = load_placement(args.placement, g, cluster)

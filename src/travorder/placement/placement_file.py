@@ -152,9 +152,11 @@ def _read(path: Path) -> dict[str, Any]:
     for key, kind in (("graph", dict), ("devices", list), ("placement", dict)):
         if not isinstance(doc.get(key), kind):
             raise FormatError(f"placement file {str(path)!r} lacks a valid {key!r} entry")
-    if not doc["devices"] or not all(isinstance(d, str) for d in doc["devices"]):
+    devices = doc["devices"]
+    if (not devices or not all(isinstance(d, str) for d in devices)
+            or len(set(devices)) < len(devices)):
         raise FormatError(f"placement file {str(path)!r}: devices must be a non-empty list "
-                          f"of device names, got {doc['devices']!r}")
+                          f"of distinct device names, got {devices!r}")
     step = doc["graph"]
     if not isinstance(step.get("graph_hash"), str):  # else "placement is for graph None"
         raise FormatError(f"placement file {str(path)!r} lacks graph.graph_hash (which "
