@@ -288,8 +288,9 @@ def _placement_cases(tmp_path, model, capsys):
     hashless = dict(doc, graph={k: v for k, v in doc["graph"].items() if k != "graph_hash"})
     devs = doc["devices"]  # once simulated by index whatever the names
     renamed, twice = dict(doc, devices=devs[::-1]), dict(doc, devices=[devs[0]] * len(devs))
-    for name, d in [("renamed.json", renamed), ("twice.json", twice),("short.json", short), ("far.json", far), ("other.json", other),
-                    ("neg.json", neg), ("nameless.json", nameless),
+    for name, d in [("renamed.json", renamed), ("twice.json", twice), ("short.json", short),
+                    ("far.json", far), ("other.json", other), ("neg.json", neg),
+                    ("nameless.json", nameless),
                     ("deviceless.json", deviceless), ("preset.json", preset),
                     ("hashless.json", hashless)]:
         (tmp_path / name).write_text(json.dumps(d))

@@ -126,6 +126,10 @@ def test_prepare_graph_expands_and_coarsens():
     ({"placer": {"name": "rl", "options": {"episodes": "5"}}},  # another config hash
      "placer.options.episodes is the string '5': write it as a number, without quotes"),
     ({"placer": {"name": "greedy", "options": {"colocate": "false"}}}, "as a boolean"),
+    ({"placer": {"name": "rl", "options": {"colocate": "yes"}}},  # once read as true
+     r"placer.options.colocate is the string 'yes': write it as a boolean \(true or false\)"),
+    ({"scenarios": {"memory": [1, True]}},  # once "gives True twice"
+     "scenario memory must be a fraction in \\(0, 1\\] of the single-device peak, got True"),
     ({"placer": {"name": "greedy", "options": {"colocat": False}}},
      "placer.options: placer 'greedy' has no option 'colocat'"),
     ({"placer": {"name": "rl", "options": {"gamma": 2}}}, r"rl option gamma must be in \(0, 1\]"),

@@ -375,7 +375,9 @@ def parse_scenarios(value: Any, where: str) -> tuple[Scenario, ...]:
         for k, v in axes.items():
             if not v:
                 raise TravorderError(f"{where}: scenarios.{k} is an empty list")
-            if again := [x for i, x in enumerate(v) if x in v[:i]]:
+            # a bool is no number here (True == 1): its own check names it below
+            keys = [(isinstance(x, bool), x) for x in v]
+            if again := [x for i, x in enumerate(v) if keys[i] in keys[:i]]:
                 raise TravorderError(f"{where}: scenarios.{k} gives {again[0]!r} twice")
         out = [Scenario()]
         for key, values in axes.items():

@@ -47,7 +47,7 @@ import inspect
 import json
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -379,14 +379,22 @@ def _parse(data: Mapping[str, Any], base: Path, where: str) -> StudySpec:
         raise TravorderError(f"{where}: unknown placer {placer.get('name')!r} (valid: "
                              f"{', '.join(sorted(PLACERS))})")
     options = dict(_table(placer.get("options", {}), f"{where}: placer.options"))
-    for key, value in options.items():  # the job's configuration is the options as given
-        if isinstance(value, str) and (kind := _looks_typed(value)):
-            raise TravorderError(f"{where}: placer.options.{key} is the string {value!r}: "
-                                 f"write it as a {kind}, without quotes")
+
+    def quoted(kinds: Callable[[str, Any], str]) -> None:
+        for key, value in options.items():
+            if isinstance(value, str) and (kind := kinds(key, value)):
+                raise TravorderError(f"{where}: placer.options.{key} is the string "
+                                     f"{value!r}: write it as a {kind}, without quotes")
+
+    quoted(lambda _, value: _looks_typed(value))  # before the placer reads "false" as text
     try:
-        options = canonical_options(placer["name"], options)
+        canonical = canonical_options(placer["name"], options)
     except TravorderError as exc:
         raise TravorderError(f"{where}: placer.options: {exc}") from None
+    # and what the command line's -O reads from text, as rl's "yes" for true
+    quoted(lambda key, _: "" if isinstance(canonical[key], str) else
+           "boolean (true or false)" if isinstance(canonical[key], bool) else "number")
+    options = canonical
 
     graphs = _table(data["graphs"], f"{where}: graphs")
     _unknown(graphs, _GRAPH_KEYS, f"{where}: graphs")
