@@ -385,8 +385,8 @@ def _content_problem(data: Any) -> str:
     if lacking := [c for c in needed if c not in columns]:
         return f"no column {lacking[0]!r} (of an older travorder, or edited?)"
     for column in ("graph", "graph_hash", "cluster", "scenario", "best_order"):
-        if column in columns and not data[column].map(lambda v: isinstance(v, str)
-                                                       and v != "").all():
+        if column in columns and not all(isinstance(v, str) and v != ""
+                                         for v in data[column].unique()):
             return f"column {column!r} has rows without a name (empty or not text)"
     features = data[[c for c in data.columns if c.startswith(("f_", "s_", "c_"))]]
     if not np.isfinite(features.to_numpy(dtype=float)).all():
