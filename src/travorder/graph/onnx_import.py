@@ -23,6 +23,9 @@ counted in ``meta["n_unknown_shape_ops"]``); their unknown parts count 0. Op typ
 without a FLOPs rule are costed at 1 FLOP per output element and listed with their
 counts in ``meta["unrated_op_types"]``. Symbolic input dimensions (``batch``, ``seq``)
 leave shapes unknown; ``meta["symbolic_dims"]`` names them and ``dims=`` binds them.
+A tensor the file declares (an initializer, a graph input, output or value_info) with an
+element type ONNX does not define, or with a negative size, is refused naming it (a
+value's dimension of -1 is an exporter's "any", and unknown).
 
 Model-local functions are inlined first. Control flow (``If``, ``Loop``, ``Scan``: any
 node with a subgraph) is refused with a :class:`~travorder.errors.FormatError` naming
@@ -78,7 +81,8 @@ def read_onnx(
     (recorded as ``meta["dims"]``).
 
     Raises :class:`FormatError` (one line) for a file that is missing, empty, not an
-    ONNX model, without nodes (or with Constants only), or with control-flow subgraphs, and
+    ONNX model, without nodes (or with Constants only), with control-flow subgraphs, or
+    declaring a tensor of an undefined element type or a negative size, and
     :class:`~travorder.errors.GraphError` for a cyclic graph.
     """
     model, where = _load(source)

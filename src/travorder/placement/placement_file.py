@@ -23,7 +23,9 @@ the model records none), ``micro_batches`` and ``dims`` (the values given to the
 model's symbolic input dimensions) are what ``travorder simulate`` and
 `travorder.placement.launch.apply` build the graph with again.
 ``placement`` maps every node name to a device index into ``devices``, in the graph's
-node order. Unlimited memory and infinite bandwidth in the cluster are written as
+node order; ``devices`` are the cluster's device names, distinct (``travorder simulate``
+refuses a file whose names are not those of its own cluster; ``--cluster`` places its
+device indices on another cluster of as many devices). Unlimited memory and infinite bandwidth in the cluster are written as
 ``null`` so the file is strict JSON.
 """
 
