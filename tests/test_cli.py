@@ -659,6 +659,14 @@ def test_train_out_naming_a_file_is_refused(capsys, tmp_path):
     existing.write_text("not a directory")
     _one_line_error(capsys, ["train", "--out", str(existing)], "is a file")
     assert existing.read_text() == "not a directory"
+    corpus = tmp_path / "corpus"  # once its manifest was replaced by the model's
+    corpus.mkdir()
+    (corpus / "manifest.json").write_text('{"format": "travorder.corpus"}')
+    for reads in (["--corpus", str(corpus)], []):  # the corpus it reads, or any other
+        _one_line_error(capsys, ["train", "--data", "bundled:rl", *reads, "--out", str(corpus)],
+                        f"{str(corpus)!r} holds a manifest.json that is not an order "
+                        f"predictor's (a graph corpus?)")
+    assert (corpus / "manifest.json").read_text() == '{"format": "travorder.corpus"}'
 
 
 def test_report_of_missing_store_writes_nothing(capsys, tmp_path):

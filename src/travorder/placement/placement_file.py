@@ -25,8 +25,8 @@ model's symbolic input dimensions) are what ``travorder simulate`` and
 ``placement`` maps every node name to a device index into ``devices``, in the graph's
 node order; ``devices`` are the cluster's device names, distinct (``travorder simulate``
 refuses a file whose names are not those of its own cluster; ``--cluster`` places its
-device indices on another cluster of as many devices). Unlimited memory and infinite bandwidth in the cluster are written as
-``null`` so the file is strict JSON.
+device indices on another cluster of as many devices). Unlimited memory and infinite
+bandwidth in the cluster are written as ``null`` so the file is strict JSON.
 """
 
 from __future__ import annotations

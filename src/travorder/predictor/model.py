@@ -501,7 +501,7 @@ class OrderPredictor:
         import lightgbm as lgb
 
         self._check_fitted()
-        out = Path(directory)
+        out = check_model_dir(directory)
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -651,6 +651,25 @@ def _check_entries(doc: Mapping[str, Any], source: Path) -> None:
         if key in doc and not ok(doc[key]):
             raise FormatError(f"{source}: predictor manifest entry {key!r} must be {what}, "
                               f"not {json_text(doc[key])[:60]}")
+
+
+def check_model_dir(directory: str | os.PathLike[str]) -> Path:
+    """``directory`` as a folder a model may be saved in: not a file, and not holding a
+    ``manifest.json`` of something else (a graph corpus), which saving would replace."""
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise TravorderError(f"{str(out)!r} is a file; a model is saved in a folder")
+    manifest = out / MANIFEST
+    if manifest.exists():
+        try:
+            foreign = parse_json(manifest.read_text()).get("format") != FORMAT
+        except (OSError, ValueError, AttributeError):
+            foreign = True
+        if foreign:
+            raise TravorderError(f"{str(out)!r} holds a {MANIFEST} that is not an order "
+                                 f"predictor's (a graph corpus?), which the model's would "
+                                 f"replace: save the model in another folder")
+    return out
 
 
 def model_files(manifest: Path) -> set[str]:

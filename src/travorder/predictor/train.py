@@ -32,6 +32,7 @@ from travorder.predictor.model import (
     KINDS,
     OrderPredictor,
     _sha256,
+    check_model_dir,
     regrets,
     tie_ranking,
 )
@@ -291,8 +292,7 @@ def train_predictor(sources: Sequence[str | os.PathLike[str]], out: str | os.Pat
     gets a line per structure block and graph network fit, per fold of each kind and
     feature set evaluated, and before the final fit.
     """
-    if Path(out).exists() and not Path(out).is_dir():
-        raise TravorderError(f"{str(out)!r} is a file; --out names the model's directory")
+    check_model_dir(out)
     _check_corpus(corpus_dir)
     frame = _placer_rows(read_sources(sources), placer)
     placer = str(frame["placer"].iloc[0])
