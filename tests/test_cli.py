@@ -19,6 +19,7 @@ from travorder.datasets.onnx_examples import residual_cnn
 from travorder.errors import TravorderError
 from travorder.graph import OpGraph, load_graph, save_graph
 from travorder.graph.native import graph_to_dict
+from travorder.placement.clusters import load_cluster
 from travorder.predictor.active import bundled_model_dir
 
 from .models import save_dynamic_model
@@ -470,8 +471,11 @@ def test_output_that_is_an_input_is_refused_before_any_work(capsys, model, tmp_p
     assert run(capsys, "convert", model, str(graph))[0] == 0
     assert run(capsys, "place", str(graph), "-o", str(placement))[0] == 0
     (tmp_path / "link.json.gz").symlink_to(graph)
+    cluster = tmp_path / "c.json"
+    cluster.write_text(json.dumps(load_cluster("k80x3").to_dict()))
     kept = graph.read_bytes(), placement.read_bytes()
-    for argv, given in ((["place", str(graph), "-o", str(graph)], graph),
+    for argv, given in ((["place", str(graph), "--cluster", str(cluster), "-o", str(cluster)],
+                         cluster),
                         (["convert", str(graph), str(tmp_path / "link.json.gz")], graph),
                         (["simulate", str(graph), str(placement), "--trace", str(placement)],
                          placement),
@@ -479,14 +483,23 @@ def test_output_that_is_an_input_is_refused_before_any_work(capsys, model, tmp_p
                           str(placement)], placement)):
         _one_line_error(capsys, argv, f"is an input of the command ({str(given)!r}): "
                                       f"writing it would replace it")
-    code, _out, err = _recommend(capsys, str(graph), "--place", str(graph))
+    code, _out, err = _recommend(capsys, str(graph), "--cluster", str(cluster), "--place",
+                                 str(cluster))
     assert code == 2 and err.count("\n") == 1 and "is an input of the command" in err
     code, _out, err = run(capsys, "simulate", str(graph), str(placement), "--trace",
-                          str(tmp_path / "x.png"), "--gantt", str(tmp_path / "x.png"))
+                          str(tmp_path / "x.json"), "--gantt", str(tmp_path / "x.json"))
     assert code == 2 and "--trace and --gantt name the same file" in err
-    for _ in range(2):  # a file named as a preset is not the preset's input
-        assert run(capsys, "place", str(graph), "--cluster", "k80x3", "-o",
-                   str(tmp_path / "k80x3"))[0] == 0
+    store = tmp_path / "s.sqlite"  # once replaced by a placement, whatever its name
+    store.write_bytes(b"SQLite format 3\0")
+    for argv, what in ((["place", str(graph), "-o", str(graph)], "a placement"),
+                       (["place", str(graph), "-o", str(store)], "a placement"),
+                       (["simulate", str(graph), str(placement), "--trace", str(store)],
+                        "a Chrome trace")):
+        _one_line_error(capsys, argv, f"{str(argv[-1])!r}: {what} is written as JSON; give "
+                                      f"a file name ending in .json")
+    code, _out, err = _recommend(capsys, str(graph), "--place", str(store))
+    assert code == 2 and "a placement is written as JSON" in err
+    assert store.read_bytes() == b"SQLite format 3\0"
     mine = shutil.copytree(bundled_model_dir(), tmp_path / "model")  # its files too
     kept_model = (mine / "manifest.json").read_bytes()
     code, _out, err = _recommend(capsys, str(graph), "--predictor", str(mine), "--place",

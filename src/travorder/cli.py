@@ -32,13 +32,17 @@ def _print_json(obj: Any) -> None:
     print(json_text(obj, indent=2))
 
 
-def _check_out(path: str | None, *inputs: str | None) -> None:
+def _check_out(path: str | None, *inputs: str | None, json_of: str = "") -> None:
     """Refuse, before any work, an output file whose folder does not exist (a typo in a
     path should not create folders), that names a folder, or that is one of the command's
-    ``inputs`` (it would be replaced)."""
+    ``inputs`` (it would be replaced); given ``json_of`` (what the file holds), one whose
+    name does not end in ``.json`` (a store or a model in the way would be replaced)."""
     if path is None:
         return
     out = Path(path)
+    if json_of and out.suffix.lower() != ".json":
+        raise TravorderError(f"{path!r}: {json_of} is written as JSON; give a file name "
+                             f"ending in .json")
     _check_parent(out, path)
     if out.is_dir():
         raise TravorderError(f"{path!r} is a directory, not a file")
@@ -343,7 +347,7 @@ def cmd_place(args: argparse.Namespace) -> None:
     from travorder.placement.clusters import load_cluster
     from travorder.placement.placement_file import placement_doc
 
-    _check_out(args.out, args.model, _cluster_file(args.cluster))
+    _check_out(args.out, args.model, _cluster_file(args.cluster), json_of="a placement")
     options = _placer_options(args.option)
     if args.coarsen is not None and args.coarsen < 1:
         raise TravorderError(f"--coarsen takes a positive number of nodes, got {args.coarsen}")
@@ -434,7 +438,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     from travorder.placement.placement_file import load_placement
     from travorder.placement.simulator import Simulator
 
-    _check_out(args.trace, args.model, args.placement, _cluster_file(args.cluster))
+    _check_out(args.trace, args.model, args.placement, _cluster_file(args.cluster),
+               json_of="a Chrome trace")
     _check_out(args.gantt, args.model, args.placement, _cluster_file(args.cluster))
     if args.trace and args.gantt and os.path.realpath(args.trace) == os.path.realpath(
             args.gantt):
@@ -1081,7 +1086,8 @@ def cmd_recommend(args: argparse.Namespace) -> None:
     if args.place:  # not the model's own files (read only then: start-up time)
         manifest = active_model_dir(args.predictor, args.placer)[0] / MANIFEST
         _check_out(args.place, args.model, _cluster_file(args.cluster), str(manifest),
-                   *(str(manifest.parent / f) for f in model_files(manifest)))
+                   *(str(manifest.parent / f) for f in model_files(manifest)),
+                   json_of="a placement")
     if args.top is not None and not args.explain:
         raise TravorderError("--top sets how many features --explain shows: give --explain")
     if args.top is not None and args.top < 1:
@@ -1243,7 +1249,7 @@ def recommend_parser() -> argparse.ArgumentParser:
                         help="show the features that drove the recommendation")
     parser.add_argument("--top", type=int,
                         help=f"features shown by --explain (default: {_TOP})")
-    parser.add_argument("--place", metavar="OUT",
+    parser.add_argument("--place", metavar="OUT.json",
                         help="also place the model with the recommended order; write JSON "
                              "(with --budget or --verify: the checked placement)")
     check = parser.add_mutually_exclusive_group()
