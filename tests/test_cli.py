@@ -379,6 +379,17 @@ def test_console_script_exit_code(tmp_path):
     assert bad.returncode == 2 and bad.stderr.strip().endswith("no such file")
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_one_line(tmp_path):
+    # once an OSError traceback, exit 1 (text and JSON, a short or a long output)
+    for argv in (["clusters", "k80x3"], ["clusters", "k80x3", "--json"], ["zoo", "list"]):
+        with open("/dev/full", "w") as full:
+            done = subprocess.run([sys.executable, "-m", "travorder.cli", *argv], stdout=full,
+                                  stderr=subprocess.PIPE, text=True)
+        assert (done.returncode, done.stderr) == (
+            2, "error: cannot write the output: No space left on device\n"), argv
+
+
 SPEC = """
 name = "tiny"
 orders = ["topo", "dfs_preorder"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import math
 import os
 import sys
@@ -1040,6 +1041,16 @@ def _terminate(signum: int, frame: Any) -> None:
     raise _Terminated
 
 
+#: The errors of a write to a file that is full or failing (of the command's output).
+_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush of what could not
+    be written does not fail again at exit."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
 def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
     import signal
     import threading
@@ -1049,6 +1060,7 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
     previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
     try:
         code = func(args)
+        sys.stdout.flush()  # a full disk under `> out.txt` shows here, not at exit
     except TravorderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -1059,8 +1071,12 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
         print("terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_stdout()
     except OSError as exc:  # a file or folder that cannot be read or written
+        if exc.filename is None and exc.errno in _OUTPUT_ERRNOS:  # stdout: a full disk
+            _drop_stdout()
+            print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
+            return EXIT_USAGE
         if exc.filename is None:  # not a file's: a bug, with its traceback
             raise
         print(f"error: {exc}", file=sys.stderr)
