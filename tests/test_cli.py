@@ -1081,6 +1081,30 @@ def test_sigterm_runs_the_clean_ups_and_exits_143(capsys):
     assert capsys.readouterr().err == "terminated\n" and signal.getsignal(signal.SIGTERM) == before
 
 
+def test_an_interrupt_lost_in_a_callback_still_stops_the_command(capsys):
+    import signal
+    import weakref
+
+    from travorder.cli import _run
+
+    class Thing:
+        pass
+
+    def interrupted_in_a_callback(args):
+        thing = Thing()
+        # Ctrl-C arriving while Python runs a weakref callback: the KeyboardInterrupt is
+        # lost there (once "Exception ignored ... KeyboardInterrupt", exit 0)
+        ref = weakref.ref(thing, lambda _: os.kill(os.getpid(), signal.SIGINT) or
+                          [sum(range(1000)) for _ in range(100)])
+        del thing
+        assert ref() is None
+        return 0
+
+    before = signal.getsignal(signal.SIGINT)
+    assert _run(interrupted_in_a_callback, None) == 130
+    assert capsys.readouterr().err == "interrupted\n" and signal.getsignal(signal.SIGINT) == before
+
+
 @pytest.mark.parametrize("argv", [["zoo", "list"], ["clusters", "k80x3"]])
 def test_a_reader_gone_before_the_output_stops_quietly(argv):
     # `travorder ... | head` whose reader has gone: rich's tables exited 1, prints 0.

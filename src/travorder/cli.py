@@ -1037,8 +1037,26 @@ class _Terminated(BaseException):
     reader might catch."""
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    raise _Terminated
+#: The signals received while a command runs (`_run`).
+_SIGNALLED: list[int] = []
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    """Ctrl-C's KeyboardInterrupt, or `_Terminated`, recorded first: raised while Python
+    runs a weakref or garbage-collection callback, it is lost ("Exception ignored"), and
+    `_run` raises it again when the command returns."""
+    import signal
+
+    _SIGNALLED.append(signum)
+    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
+
+
+def _quiet_unraisable(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``hook`` (`sys.unraisablehook`) without the traceback of an interrupt it lost."""
+    def quiet(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt | _Terminated):
+            hook(unraisable)
+    return quiet
 
 
 #: The errors of a write to a file that is full or failing (of the command's output).
@@ -1057,10 +1075,15 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
 
     code = None
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, _on_signal) for s in signals} if main_thread else {}
+    hook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable(sys.unraisablehook)
+    _SIGNALLED.clear()
     try:
         code = func(args)
         sys.stdout.flush()  # a full disk under `> out.txt` shows here, not at exit
+        if _SIGNALLED and not code:  # an interrupt a callback lost: the command was stopped
+            raise KeyboardInterrupt if _SIGNALLED[-1] == signal.SIGINT else _Terminated
     except TravorderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -1082,8 +1105,9 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        sys.unraisablehook = hook
+        for s, handler in previous.items():
+            signal.signal(s, signal.SIG_DFL if handler is None else handler)
     return code or 0
 
 
