@@ -210,6 +210,43 @@ def test_one_run_at_a_time_writes_a_store(tmp_path):
     assert again.skipped == again.total
 
 
+@contextlib.contextmanager
+def _unwritable(path: Path):
+    """``path`` (a file or folder) that cannot be written, for root too (``chattr +i``);
+    skips where neither way works."""
+    if os.geteuid() != 0:
+        mode = path.stat().st_mode
+        path.chmod(0o555 if path.is_dir() else 0o444)
+        try:
+            yield
+        finally:
+            path.chmod(mode)
+        return
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode:
+        pytest.skip("cannot make a file unwritable for root here")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+def test_a_store_that_cannot_be_written_is_one_error_and_is_read_where_it_lies(tmp_path):
+    store = tmp_path / "runs" / "s.sqlite"
+    store.parent.mkdir()
+    run_study(spec(), store, progress=False)
+    before = outcomes(store)
+    with _unwritable(store):  # once sqlite3.OperationalError, a traceback
+        with pytest.raises(TravorderError, match=f"cannot write the result store "
+                                                 f"{re.escape(repr(str(store)))}: attempt "
+                                                 f"to write a readonly database"):
+            run_study(spec(orders=["topo", "bfs"], order_seeds={}), store, progress=False)
+    assert outcomes(store) == before
+    with _unwritable(store.parent):  # once "not a travorder result store (unable to open"
+        with ResultStore(store, create=False) as readonly:
+            assert readonly.status()["done"] == len(before)
+        assert len(dataset_frame(store)) > 0
+
+
 def test_a_scenario_name_keeps_its_definition_in_a_store(tmp_path):
     store = tmp_path / "s.sqlite"
     first = {"name": "pipe", "batch": "train", "micro_batches": 2}

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError
+from travorder.errors import FormatError, TravorderError
 from travorder.graph import OpGraph
 from travorder.placement import Cluster
 from travorder.study.jobs import Job, cluster_hash
@@ -151,27 +151,35 @@ class ResultStore:
         try:
             self.connection = sqlite3.connect(self.path, timeout=30.0,
                                               isolation_level=None)
-            self._check_foreign(create)  # before anything is written to the file
+            try:
+                self._check_foreign(create)  # before anything is written to the file
+            except sqlite3.OperationalError:
+                if create:
+                    raise
+                # a store in a folder that cannot be written: no room for its WAL index
+                self.connection.close()
+                self.connection = sqlite3.connect(
+                    f"{self.path.resolve().as_uri()}?immutable=1", uri=True,
+                    isolation_level=None)
+                self._check_foreign(create)
+                self._check_version()
+                return
             self.connection.execute("PRAGMA journal_mode=WAL")
             self.connection.execute("PRAGMA synchronous=NORMAL")
             with self._transaction():
                 self.connection.execute(_SCHEMA.split(";")[0])  # meta
-                row = self.connection.execute(
-                    "SELECT value FROM meta WHERE key = 'store_version'").fetchone()
-                if row is not None and row[0] != str(STORE_VERSION):
-                    raise FormatError(
-                        f"{self.path}: result store version {row[0]} is not supported (this "
-                        f"travorder reads version {STORE_VERSION}; run the study into a new "
-                        f"store)")
+                row = self._check_version()
                 for statement in _SCHEMA.split(";")[1:]:
                     if statement.strip():
                         self.connection.execute(statement)
                 if row is None:
                     self.connection.execute(
                         "INSERT INTO meta VALUES ('store_version', ?)", (str(STORE_VERSION),))
-        except sqlite3.DatabaseError as exc:
+        except (sqlite3.DatabaseError, TravorderError) as exc:
             if hasattr(self, "connection"):
                 self.connection.close()
+            if isinstance(exc, TravorderError):
+                raise
             raise FormatError(f"{self.path}: not a travorder result store ({exc})") from None
 
     def _check_foreign(self, create: bool) -> None:
@@ -186,16 +194,31 @@ class ResultStore:
             held = f"it holds {', '.join(tables[:3])}" if tables else "it is empty"
             raise FormatError(f"{self.path}: not a travorder result store ({held})")
 
+    def _check_version(self) -> tuple[str] | None:
+        """The store's version row (None in a new store); refuse another version."""
+        row = self.connection.execute(
+            "SELECT value FROM meta WHERE key = 'store_version'").fetchone()
+        if row is not None and row[0] != str(STORE_VERSION):
+            raise FormatError(
+                f"{self.path}: result store version {row[0]} is not supported (this "
+                f"travorder reads version {STORE_VERSION}; run the study into a new store)")
+        return row
+
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on an exception."""
-        self.connection.execute("BEGIN IMMEDIATE")
+        """``BEGIN IMMEDIATE`` ... ``COMMIT``, or ``ROLLBACK`` on an exception; a store
+        that cannot be written (read-only, a full disk, locked) is one error."""
         try:
-            yield self.connection
-        except BaseException:
-            self.connection.execute("ROLLBACK")
-            raise
-        self.connection.execute("COMMIT")
+            self.connection.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.connection
+            except BaseException:
+                self.connection.execute("ROLLBACK")
+                raise
+            self.connection.execute("COMMIT")
+        except sqlite3.OperationalError as exc:
+            raise TravorderError(f"cannot write the result store {str(self.path)!r}: "
+                                 f"{exc}") from None
 
     def close(self) -> None:
         """Close the connection (committed rows are on disk)."""
