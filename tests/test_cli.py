@@ -273,6 +273,23 @@ def test_bad_model_files_get_one_line_and_exit_2(capsys, model, tmp_path):
         assert "Traceback" not in err
 
 
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs named pipes")
+def test_a_pipe_or_a_device_is_refused_before_it_is_read(capsys, model, tmp_path):
+    pipe = tmp_path / "pipe.toml"  # once read for ever (a pipe) or until memory ran out
+    os.mkfifo(pipe)
+    for argv, what in ((["info", str(pipe)], "model file"),
+                       (["orders", "/dev/zero"], "model file"),
+                       (["place", model, "--cluster", str(pipe)], "cluster file"),
+                       (["simulate", model, str(pipe)], "placement file"),
+                       (["study", "run", str(pipe), "--store", str(tmp_path / "s.sqlite")],
+                        "study spec")):
+        _one_line_error(capsys, argv, "is not a regular file (a device or a pipe): give a "
+                                      f"{what}")
+    assert not (tmp_path / "s.sqlite").exists()
+    _one_line_error(capsys, ["study", "run", str(tmp_path), "--store", "s.sqlite"],
+                    f"{str(tmp_path)!r} is a folder, not a study spec")
+
+
 def _placement_cases(tmp_path, model, capsys):
     good = tmp_path / "good.json"
     assert run(capsys, "place", model, "-o", str(good), "--json")[0] == 0

@@ -37,9 +37,21 @@ class DimsError(TravorderError):
     """Values for symbolic dimensions that a model does not have (``dims=``, ``--dim``)."""
 
 
+def check_regular(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse a path that is neither a regular file nor a folder (a device such as
+    /dev/zero, or a pipe), whose reading would not end, naming ``what`` it should be."""
+    p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():
+        raise FormatError(f"{str(p)!r} is not a regular file (a device or a pipe): give a "
+                          f"{what}")
+
+
 def read_text(path: str | os.PathLike[str], what: str) -> str:
     """The text of a user's file, or a `FormatError` naming ``what`` it should have been."""
     p = Path(path)
+    check_regular(p, what)
+    if p.is_dir():
+        raise FormatError(f"{str(p)!r} is a folder, not a {what}")
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from numbers import Integral
 from pathlib import Path
 
-from travorder.errors import DimsError, FormatError, GraphError, parse_json
+from travorder.errors import DimsError, FormatError, GraphError, check_regular, parse_json
 from travorder.graph.native import graph_from_dict, load_native, save_graph
 from travorder.graph.opgraph import OpGraph
 
@@ -33,6 +33,7 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
         raise FormatError(f"{p}: no such file")
     if p.is_dir():
         raise FormatError(f"{p}: is a directory, not a model file")
+    check_regular(p, "model file")
     try:
         with p.open("rb") as f:
             head = f.read(4096)

@@ -25,7 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, json_text, parse_json, write_file
+from travorder.errors import (
+    FormatError,
+    TravorderError,
+    check_regular,
+    json_text,
+    parse_json,
+    write_file,
+)
 from travorder.graph import OpGraph
 
 #: The link models: one transfer queue per sending device (``bus``, Placeto), per device
@@ -334,6 +341,7 @@ class Cluster:
 
 
 def _read_cluster_file(path: Path) -> Cluster:
+    check_regular(path, "cluster file")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
