@@ -403,6 +403,10 @@ def test_recommend_order_cli_json_and_place(capsys, model_dir, onnx_model, tmp_p
     assert json.loads(out_path.read_text())["order"] == doc["order"]
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--explain")
     assert code == 0 and "recommended order" in out and "features that drove it" in out
+    explained = [json.loads(_run(capsys, onnx_model, "--predictor", model_dir, "--json",
+                                 "--explain", *top)[1])["contributions"]
+                 for top in ([], ["--top", "2"])]  # --top once ignored with --json
+    assert len(explained[0]) > 2 and explained[1] == dict(list(explained[0].items())[:2])
 
 
 def _corrupt(model_dir: str, tmp_path, how: str) -> str:

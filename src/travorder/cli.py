@@ -1150,6 +1150,8 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         _write_json(args.place, placement_doc(placed, graph, cluster))
     if args.json:
         doc = rec.to_dict()
+        if args.top is not None:  # all of them by default: a program takes what it needs
+            doc["contributions"] = dict(list(doc["contributions"].items())[:args.top])
         if placed is not None:
             doc["placement"] = {"file": args.place, "placer": args.placer,
                                 "step_time_us": placed.step_time_us,
@@ -1288,7 +1290,8 @@ def recommend_parser() -> argparse.ArgumentParser:
     parser.add_argument("--explain", action="store_true",
                         help="show the features that drove the recommendation")
     parser.add_argument("--top", type=int,
-                        help=f"features shown by --explain (default: {_TOP})")
+                        help=f"features shown by --explain (default: {_TOP}; with --json: "
+                             f"all)")
     parser.add_argument("--place", metavar="OUT.json",
                         help="also place the model with the recommended order; write JSON "
                              "(with --budget or --verify: the checked placement)")
