@@ -560,7 +560,8 @@ def test_negative_seed_gets_one_line(capsys, model):
 
 @pytest.mark.parametrize(("argv", "says"), [
     (["--budget", "abc"], "--budget"), (["--batch", "2.5"], "--batch"),
-    (["--batch", "0"], "error: batch must be an integer >= 1, got 0"),
+    (["--batch", "0"], "error: batch must be an integer from 1 to 2**63 - 1, got 0"),
+    (["--batch", str(2**63)], "error: batch must be an integer from 1 to 2**63 - 1, got "),
     (["--micro-batches", "0"], "error: micro-batches must be an integer >= 1, got 0"),
     (["--verify", "2", "--budget", "1"], "not allowed with"),
     (["--explain", "--top", "0"], "--top"),

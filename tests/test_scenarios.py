@@ -170,8 +170,8 @@ def test_batch_scaling_is_exact_and_leaves_parameters(g, exported, batch):
 
 def test_batch_bad_input():
     g = chain(0, n_layers=2)
-    for b in (0, -4, 2.5):
-        with pytest.raises(GraphError, match="batch must be an integer >= 1"):
+    for b in (0, -4, 2.5, 2**63):  # 2**63: once a step of 1e22 ms
+        with pytest.raises(GraphError, match=r"batch must be an integer from 1 to 2\*\*63 - 1"):
             scale_batch(g, b)
     with pytest.raises(GraphError, match="records no batch_size"):
         scale_batch(OpGraph(["a"], [], []), 8)
@@ -285,6 +285,7 @@ def test_scenario_names_and_product():
 @pytest.mark.parametrize(("table", "message"), [
     ({"batch": 0}, "batch must be"),
     ({"batch": "huge"}, "batch must be"),
+    ({"batch": 2**63}, r"batch must be \"export\", \"train\" or an integer from 1 to 2\*\*63"),
     ({"micro_batches": 0}, "micro_batches must be an integer >= 1"),
     ({"batch": 2, "micro_batches": 4}, "micro_batches 4 exceed its batch 2: a micro-batch"),
     ({"batch": "train", "micro_batches": 10**30},  # the chain's training batch is 64

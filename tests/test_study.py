@@ -235,11 +235,10 @@ def test_a_store_that_cannot_be_written_is_one_error_and_is_read_where_it_lies(t
     store.parent.mkdir()
     run_study(spec(), store, progress=False)
     before = outcomes(store)
-    with _unwritable(store):  # once sqlite3.OperationalError, a traceback
-        with pytest.raises(TravorderError, match=f"cannot write the result store "
-                                                 f"{re.escape(repr(str(store)))}: attempt "
-                                                 f"to write a readonly database"):
-            run_study(spec(orders=["topo", "bfs"], order_seeds={}), store, progress=False)
+    message = f"cannot write the result store {re.escape(repr(str(store)))}: attempt to " \
+              f"write a readonly database"  # once sqlite3.OperationalError, a traceback
+    with _unwritable(store), pytest.raises(TravorderError, match=message):
+        run_study(spec(orders=["topo", "bfs"], order_seeds={}), store, progress=False)
     assert outcomes(store) == before
     with _unwritable(store.parent):  # once "not a travorder result store (unable to open"
         with ResultStore(store, create=False) as readonly:

@@ -47,8 +47,9 @@ def bind_hint(symbolic: list[str]) -> str:
 def check_scalable(g: OpGraph, batch: int) -> None:
     """Raise the GraphError that `scale_batch` would for ``g`` at ``batch``, without
     re-costing it."""
-    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or batch < 1:
-        raise GraphError(f"batch must be an integer >= 1, got {batch!r}")
+    if isinstance(batch, bool) or not isinstance(batch, int | np.integer) or not (
+            1 <= batch < 2**63):  # as a bound symbolic dimension (--dim batch=N)
+        raise GraphError(f"batch must be an integer from 1 to 2**63 - 1, got {batch!r}")
     if g.meta.get("batch_size") == batch:  # already at that batch, training step or not
         return
     if g.is_backward.any():  # which backward outputs are weight gradients is not known

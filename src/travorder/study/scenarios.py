@@ -121,10 +121,9 @@ class Scenario:
 
     def __post_init__(self) -> None:
         b = self.batch
-        if not (b in ("export", "train") or (isinstance(b, int) and not isinstance(b, bool)
-                                             and b >= 1)):
+        if not (b in ("export", "train") or (is_stored_int(b) and b >= 1)):
             raise TravorderError(f"scenario batch must be \"export\", \"train\" or an "
-                                 f"integer >= 1, got {b!r}")
+                                 f"integer from 1 to 2**63 - 1, got {b!r}")
         m = self.micro_batches
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
             raise TravorderError(f"scenario micro_batches must be an integer >= 1, got {m!r}")
