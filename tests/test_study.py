@@ -147,6 +147,7 @@ def test_prepare_graph_expands_and_coarsens():
      r"graphs.coarsen_max_nodes must be an integer in \[0, 2\*\*63\)"),
     ({"graphs": {"corpus": True, "training": "yes"}}, "graphs.training must be true"),
     ({"graphs": {"files": ["no_such_graph.onnx"]}}, "no such graph file"),
+    ({"graphs": {"files": ["/"]}}, "'/' is a folder, not a graph file"),  # once "no such"
     ({"graphs": {"files": [{"path": "no_such_graph.onnx", "family": ""}]}},
      "graphs.files family must be a non-empty string"),
 ])
@@ -774,6 +775,12 @@ def test_export_errors(tmp_path):
     (tmp_path / "x.csv").write_text("a,b\n1,2\n")
     with pytest.raises(FormatError, match="not a travorder study dataset"):
         load_dataset(tmp_path / "x.csv")
+
+
+def test_a_folder_is_no_dataset(tmp_path):
+    (tmp_path / "d.parquet").mkdir()  # once "no such dataset"
+    with pytest.raises(FormatError, match=r"d.parquet' is a folder, not a dataset file"):
+        load_dataset(tmp_path / "d.parquet")
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import FormatError, TravorderError, write_file
+from travorder.errors import FormatError, TravorderError, check_regular, write_file
 from travorder.featurize import FEATURE_NAMES, FEATURE_SCHEMA_VERSION
 from travorder.graph import OpGraph
 from travorder.placement import ORDERS, Cluster
@@ -349,7 +349,11 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
 
     path = Path(path)
     kind = _kind(path)
+    if path.is_dir():
+        raise FormatError(f"{str(path)!r} is a folder, not a dataset file (a study's "
+                          f".parquet or .csv)")
     if not path.is_file():
+        check_regular(path, "dataset file")
         raise FormatError(f"no such dataset {str(path)!r}")
     try:
         data = pd.read_parquet(path) if kind == "parquet" else pd.read_csv(path)

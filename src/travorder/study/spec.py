@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from travorder.errors import FormatError, TravorderError, read_text
+from travorder.errors import FormatError, TravorderError, check_regular, read_text
 from travorder.graph import OpGraph, load_graph
 from travorder.placement import ORDERS, PLACERS, STUDY_ORDERS, Cluster, load_cluster
 from travorder.placement.placers import canonical_options
@@ -324,7 +324,10 @@ def _files(value: Any, base: Path, where: str) -> tuple[FileSelection, ...]:
             raise TravorderError(f"{where}: graphs.files family must be a non-empty string "
                                  f"(leave it out for the graph's own), got {family!r}")
         path = base / item["path"]
+        if path.is_dir():
+            raise FormatError(f"{where}: {str(path)!r} is a folder, not a graph file")
         if not path.is_file():
+            check_regular(path, "graph file")
             raise FormatError(f"{where}: no such graph file {str(path)!r}")
         out.append(FileSelection(path, family))
     return tuple(out)
