@@ -848,6 +848,18 @@ def config_home(monkeypatch, tmp_path) -> Path:
     return tmp_path / "config" / "travorder" / "model"
 
 
+def test_a_model_named_by_the_environment_is_named_so(capsys, config_home, monkeypatch,
+                                                       tmp_path, model):
+    monkeypatch.setenv("TRAVORDER_MODEL", str(tmp_path / "nodir"))
+    code, _out, err = _recommend(capsys, model)
+    assert code == 2 and err == (f"error: {tmp_path / 'nodir'}: no predictor here (no "
+                                 f"manifest.json) (the model the environment variable "
+                                 f"TRAVORDER_MODEL names)\n")  # once without the variable
+    code, text, err = run(capsys, "model", "reset")  # once "now uses nodir", no more said
+    assert code == 0 and f"now uses {tmp_path / 'nodir'} (TRAVORDER_MODEL)" in text
+    assert err.startswith(f"warning: {str(tmp_path / 'nodir')!r} holds no model")
+
+
 def test_each_placer_has_its_own_default_model(capsys, datasets, config_home, tmp_path):
     import pandas as pd
 

@@ -752,6 +752,7 @@ def _check_placer(name: str) -> None:
 
 def cmd_model_reset(args: argparse.Namespace) -> None:
     from travorder.predictor.active import active_model_dir, reset_default
+    from travorder.predictor.model import MANIFEST
 
     _check_placer(args.placer)
     removed = reset_default(args.placer)
@@ -759,6 +760,9 @@ def cmd_model_reset(args: argparse.Namespace) -> None:
     print(f"removed the user default model {removed}" if removed is not None
           else "no user default model was installed")
     print(f"recommend-order --placer {args.placer} now uses {directory} ({why})")
+    if not (directory / MANIFEST).is_file():
+        print(f"warning: {str(directory)!r} holds no model (no {MANIFEST}): recommend-order "
+              f"will say so until TRAVORDER_MODEL names one", file=sys.stderr)
 
 
 def cmd_model_show(args: argparse.Namespace) -> None:

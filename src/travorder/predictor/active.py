@@ -78,7 +78,13 @@ def load_predictor(path: str | os.PathLike[str] | None = None,
     """``(predictor, manifest, description)`` of the active (or given) model for
     ``placer``."""
     directory, why = active_model_dir(path, placer)
-    predictor, manifest = _load(str(directory))
+    try:
+        predictor, manifest = _load(str(directory))
+    except TravorderError as exc:
+        if why != "TRAVORDER_MODEL":
+            raise
+        raise type(exc)(f"{exc} (the model the environment variable TRAVORDER_MODEL "
+                        f"names)") from None
     return predictor, manifest, f"{directory} ({why})"
 
 
