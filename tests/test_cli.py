@@ -848,6 +848,17 @@ def config_home(monkeypatch, tmp_path) -> Path:
     return tmp_path / "config" / "travorder" / "model"
 
 
+def test_an_install_that_cannot_be_made_is_refused_before_training(capsys, monkeypatch,
+                                                                    tmp_path):
+    (tmp_path / "config").write_text("a file where the config folder would be")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    _one_line_error(capsys, ["train", "--data", "bundled:rl", "--out", str(tmp_path / "m"),
+                             "--use-as-default"],  # once said after the whole training
+                    f"cannot install a model as the default "
+                    f"({tmp_path / 'config' / 'travorder' / 'model'}): ")
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_model_named_by_the_environment_is_named_so(capsys, config_home, monkeypatch,
                                                        tmp_path, model):
     monkeypatch.setenv("TRAVORDER_MODEL", str(tmp_path / "nodir"))

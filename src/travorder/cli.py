@@ -683,7 +683,7 @@ def _kinds(text: str) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from travorder.predictor.active import install_as_default
+    from travorder.predictor.active import DEFAULT_PLACER, check_installable, install_as_default
     from travorder.predictor.train import train_predictor
 
     def progress(line: str) -> None:
@@ -695,6 +695,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     if args.placer is not None:
         _check_placer(args.placer)
     _check_out_dir(args.out)
+    if args.use_as_default:  # the data's placer is known only when it is read
+        check_installable(args.placer or DEFAULT_PLACER)
     res = train_predictor(args.data, args.out, placer=args.placer, kinds=_kinds(args.kinds),
                           corpus_dir=args.corpus, progress=progress)
     # Installed before anything is printed: a reader gone (`| head`) stops the printing.

@@ -127,3 +127,22 @@ def _check_installed_dir(target: Path) -> None:
     if target.exists() and not target.is_dir():  # not one travorder made: not removed
         raise TravorderError(f"{str(target)!r} is a file, not a model folder travorder "
                              "installed; move it away first")
+
+
+def check_installable(placer: str = DEFAULT_PLACER) -> None:
+    """Refuse, before a model is trained, a config directory where `install_as_default`
+    could not install a model of ``placer``: a file in the way, or a folder that cannot
+    be written."""
+    import tempfile
+
+    target = user_model_dir(placer)
+    _check_installed_dir(target)
+    folder = next(p for p in target.parents if p.exists())
+    try:
+        if not folder.is_dir():
+            raise NotADirectoryError(f"{folder} is a file")
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise TravorderError(f"cannot install a model as the default ({target}): "
+                             f"{exc.strerror or exc}") from None
