@@ -1065,14 +1065,17 @@ def _quiet_unraisable(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return quiet
 
 
-#: The errors of a write to a file that is full or failing (of the command's output).
-_OUTPUT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+#: The errors of a write to a full disk: without a file named, of the command's output
+#: (the files travorder writes name themselves, `travorder.errors.write_file`).
+_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def _drop_stdout() -> None:
     """Point stdout at /dev/null, so that the interpreter's last flush of what could not
-    be written does not fail again at exit."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    be written does not fail again at exit (a stdout without a file, as a notebook's, is
+    left as it is)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namespace) -> int:
@@ -1102,7 +1105,7 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
         _drop_stdout()
     except OSError as exc:  # a file or folder that cannot be read or written
-        if exc.filename is None and exc.errno in _OUTPUT_ERRNOS:  # stdout: a full disk
+        if exc.filename is None and exc.errno in _FULL_ERRNOS:  # stdout on a full disk
             _drop_stdout()
             print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
             return EXIT_USAGE
