@@ -97,6 +97,19 @@ def test_arrays_and_attributes_are_read_only():
         ([{"name": "a", "flops": 10**400}], [], "flops must be numbers: int too large"),
         ([{"name": "a", "colocation": 1.5}], [], "colocation groups must be integers, got 1.5"),
         ([{"name": "a", "is_backward": "no"}], [], "is_backward must be true/false"),
+        # each once accepted as something else
+        ([{"name": "a", "is_backward": None}], [], "is_backward must be true/false per node, "
+                                                   "got None"),
+        ([{"name": "a", "colocation": 1e20}, {"name": "b", "colocation": 1e20}], [],
+         r"colocation groups must be 64-bit integers, got 1e\+20 for node 0"),  # no group
+        ([{"name": "a", "colocation": float("nan")}], [],  # once a bare ValueError
+         "colocation groups must be integers, got nan for node 0"),
+        ([{"name": None}], [], "node names must be strings, got None"),
+        ([{"name": "a", "op_type": None}], [], "op types must be strings, got None"),
+        ([{"name": "\ud800"}], [], r"node names must be text, got '\\ud800' \(half of a "),
+        ([{"name": "a", "flops": 3 + 4j}], [], "flops must be numbers: got an array of complex128"),
+        ([{"name": "a"}, {"name": "b"}], [{"src": "a", "dst": "b", "byte": 99}],
+         "edge 'a' -> 'b' has unknown key 'byte' .expected src, dst, bytes."),
         ([{"name": "a", "flop": 1e9}], [], "node 'a' has unknown key 'flop' .expected name, "
                                            "op_type, flops,"),
     ],
@@ -119,6 +132,33 @@ def test_meta_is_plain_and_checked(tmp_path):
     path.write_bytes(gzip.compress(json.dumps(doc).encode()))
     with pytest.raises(GraphError, match=r"bad\.json\.gz: meta batch_size must be a positive"):
         load_graph(path)
+
+
+def test_arrays_that_are_not_what_they_stand_for_are_refused(tmp_path):
+    g = OpGraph(list("ab"), [0], [1])
+    for bad, message in [
+            (dict(names="ab"), "node names must be a sequence of strings, not one string"),
+            (dict(names=list("ab"), op_types="Co"), "op types must be a sequence of strings"),
+            (dict(names=list("ab"), flops=np.array(["5", 1.0], dtype=object)),
+             "flops must be numbers: got '5'"),
+            (dict(names=list("ab"), flops=np.array(["2020-01-01"] * 2, dtype="datetime64[D]")),
+             r"flops must be numbers: got an array of datetime64\[D\]"),
+            (dict(names=list("ab"), colocation=np.array([2**63] * 2, dtype=np.uint64)),
+             "colocation groups must be 64-bit integers"),
+            (dict(names=list("ab"), meta={"micro_batches": "x"}),
+             "meta micro_batches must be an integer >= 1, got 'x'")]:
+        names = bad.pop("names")
+        with pytest.raises(GraphError, match=message):
+            OpGraph(names, [0] if len(names) == 2 else [], [1] if len(names) == 2 else [],
+                    **bad)
+    for perm in ([1.5, 0], ["1", "0"], [True, False]):
+        with pytest.raises(GraphError, match="perm must be integers"):
+            g.permute(perm)
+    assert g.permute([1, 0]).names.tolist() == ["b", "a"]
+    for meta in ({"note": float("nan")}, {"note": object()}):  # once a bare TypeError, or
+        with pytest.raises(GraphError, match="its meta holds a value JSON cannot hold"):
+            save_graph(g.replace(meta=meta), tmp_path / "g.json.gz")  # NaN read as unequal
+    assert not (tmp_path / "g.json.gz").exists()
 
 
 def test_numpy_rows_and_object_arrays_of_integers_are_taken():

@@ -83,6 +83,22 @@ def test_save_load_round_trip_predicts_identically(frame, kind, tmp_path):
     np.testing.assert_allclose(p.explain(data.X[:3]), q.explain(data.X[:3]))
 
 
+def test_a_save_that_cannot_be_made_leaves_the_model_there_whole(frame, tmp_path):
+    data = design_matrix(frame)
+    p = OrderPredictor("classifier", n_estimators=5, min_child_samples=2).fit(data.X,
+                                                                            data.times)
+    p.save(tmp_path)
+    before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    for extra, message in (({"note": object()}, "manifest entries must be JSON values"),
+                           ({"classes": ["x", "y"]}, "manifest entry 'classes' is the "
+                                                     "model's own")):
+        with pytest.raises(TravorderError, match=message):  # once a TypeError, its trees
+            p.save(tmp_path, **extra)  # replaced; or predictions of the classes given
+        assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
+    np.testing.assert_array_equal(OrderPredictor.load(tmp_path)[0].predict(data.X),
+                                  p.predict(data.X))
+
+
 def test_learns_the_rule_and_beats_fixed_orders(frame):
     data = design_matrix(frame)
     ev = evaluate(data, kinds=("classifier",), params={"n_estimators": 30,

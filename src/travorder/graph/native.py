@@ -115,7 +115,11 @@ def save_graph(g: OpGraph, path: str | os.PathLike[str]) -> None:
     check_native_path(path)
     if not g.n_nodes:
         raise GraphError("a graph of no nodes cannot be saved: a graph file holds at least one")
-    data = json.dumps(graph_to_dict(g), separators=(",", ":")).encode()
+    try:  # strict JSON: a NaN or an object in meta would not read back as it was
+        data = json.dumps(graph_to_dict(g), separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise GraphError(f"graph {g.name!r} cannot be saved: its meta holds a value JSON "
+                         f"cannot hold ({exc})") from None
     # No name, no time in the gzip header: same graph, same bytes.
     write_file(path, gzip.compress(data, mtime=0), "graph")
 

@@ -53,15 +53,39 @@ def _int_array(values: Any, what: str, each: str) -> np.ndarray:
     """``values`` as a flat int64 array; a value that is not a whole number (1.5, True, a
     string) is a GraphError naming ``what`` and the ``each`` it is for."""
     raw = np.asarray(values).reshape(-1)
-    if raw.dtype.kind in "iu":  # every graph travorder builds: nothing to check
+    if raw.dtype.kind == "i" or (raw.dtype.kind == "u" and (
+            raw.size == 0 or raw.max() < 2**63)):  # every graph travorder builds
         return raw.astype(np.int64, copy=False)
-    for i, v in enumerate(raw.tolist()):  # 1.5 is not node 1, nor True, "1" or None
-        if isinstance(v, bool) or not isinstance(v, int | float) or v != int(v):
+    for i, v in enumerate(raw.tolist()):  # 1.5 is not node 1, nor True, "1", None or NaN
+        if (isinstance(v, bool) or not isinstance(v, int | float)
+                or not (math.isfinite(v) and v == int(v))):
             raise GraphError(f"{what} must be integers, got {v!r} for {each} {i}")
+        if not -2**63 <= v < 2**63:  # 1e20 would be cast to -2**63
+            raise GraphError(f"{what} must be 64-bit integers, got {v!r} for {each} {i}")
+    return raw.astype(np.int64)
+
+
+def _strings(values: Any, what: str) -> list[str]:
+    """``values`` as a list of str, each one text that a graph file can hold."""
+    if isinstance(values, str | bytes):  # "abc" is not three names
+        raise GraphError(f"{what} must be a sequence of strings, not one string {values!r}")
+    out = list(values.tolist() if isinstance(values, np.ndarray) else values)
+    if bad := [v for v in out if not isinstance(v, str)]:
+        raise GraphError(f"{what} must be strings, got {bad[0]!r}")
     try:
-        return raw.astype(np.int64)
-    except OverflowError as exc:
-        raise GraphError(f"{what} must be integers: {exc}") from None
+        "".join(out).encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no file (nor print) can hold it
+        bad = next(v for v in out if not v.isascii() and _not_text(v))
+        raise GraphError(f"{what} must be text, got {bad!r} (half of a UTF-16 pair)") from None
+    return out
+
+
+def _not_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _plain(value: Any) -> Any:
@@ -88,6 +112,13 @@ def _float_array(values: Any, n: int, field: str, default: float = 0.0) -> np.nd
         if raw.dtype.kind in "bSU":  # True, "5": numbers in name only
             raise ValueError(f"got {raw.reshape(-1)[0].item()!r}" if raw.size else
                              f"got an array of {raw.dtype}")
+        if raw.dtype.kind in "cmMV":  # complex, times and dates, records
+            raise ValueError(f"got an array of {raw.dtype}")
+        if raw.dtype.kind == "O":  # an object array of "5" or 3+4j: as a list of them
+            bad = next((v for v in raw.reshape(-1).tolist() if isinstance(v, bool)
+                        or not isinstance(v, int | float)), None)
+            if bad is not None:
+                raise ValueError(f"got {bad!r}")
         a = raw.astype(np.float64)
     except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: a 400-digit int
         raise GraphError(f"{field} must be numbers: {exc}") from None
@@ -141,7 +172,7 @@ class OpGraph:
         edge_bytes: Any = None,
         meta: Mapping[str, Any] | None = None,
     ) -> None:
-        names_list = [str(x) for x in names]
+        names_list = _strings(names, "node names")
         n = len(names_list)
         if any(not x for x in names_list):
             raise GraphError("node names must be non-empty strings")
@@ -152,7 +183,7 @@ class OpGraph:
             seen: set[str] = set()
             dup = next(x for x in names_list if x in seen or seen.add(x))
             raise GraphError(f"duplicate node name {dup!r}")
-        ops = [""] * n if op_types is None else [str(x) for x in op_types]
+        ops = [""] * n if op_types is None else _strings(op_types, "op types")
         if len(ops) != n:
             raise GraphError(f"op_types has {len(ops)} values for {n} nodes")
 
@@ -208,11 +239,10 @@ class OpGraph:
                  else _int_array(colocation, "colocation groups", "node"))
         back = np.zeros(n, dtype=bool) if is_backward is None else np.asarray(is_backward)
         if back.dtype.kind != "b":  # "no" would read as True; 0 and 1 are fine
-            bad = next((x for x in back.reshape(-1).tolist()
-                        if isinstance(x, bool) or not isinstance(x, int) or x not in (0, 1)),
-                       None)
-            if bad is not None:
-                raise GraphError(f"is_backward must be true/false per node, got {bad!r}")
+            bad = [x for x in back.reshape(-1).tolist()
+                   if isinstance(x, bool) or not isinstance(x, int) or x not in (0, 1)]
+            if bad:  # None too (once taken for "nothing bad")
+                raise GraphError(f"is_backward must be true/false per node, got {bad[0]!r}")
             back = back.astype(bool)
         if coloc.shape != (n,) or back.shape != (n,):
             raise GraphError("colocation and is_backward need one value per node")
@@ -234,6 +264,9 @@ class OpGraph:
                                   or not 0 < batch < math.inf):
             raise GraphError(f"meta batch_size must be a positive number (None: not "
                              f"recorded), got {batch!r}")
+        m = meta_d.get("micro_batches", 1)
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:  # a pipeline's count
+            raise GraphError(f"meta micro_batches must be an integer >= 1, got {m!r}")
         object.__setattr__(self, "meta", MappingProxyType(meta_d))
         _ = self.topo_order  # raises GraphError on a cycle
 
@@ -268,6 +301,9 @@ class OpGraph:
         src, dst, eb = [], [], []
         for e in edges:
             if isinstance(e, Mapping) and {"src", "dst"} <= set(e):
+                if unknown := [k for k in e if k not in ("src", "dst", "bytes")]:
+                    raise GraphError(f"edge {e['src']!r} -> {e['dst']!r} has unknown key "
+                                     f"{unknown[0]!r} (expected src, dst, bytes)")
                 s, d, b = e["src"], e["dst"], e.get("bytes")
             elif not isinstance(e, str | bytes | Mapping) and len(e) in (2, 3):
                 s, d, b = (*e, None) if len(e) == 2 else e
@@ -363,7 +399,7 @@ class OpGraph:
 
     def permute(self, perm: Sequence[int]) -> OpGraph:
         """The same graph with node ``perm[i]`` as the new node ``i`` (edges follow)."""
-        perm = np.asarray(perm, dtype=np.int64)
+        perm = _int_array(perm, "perm", "position")
         if np.sort(perm).tolist() != list(range(self.n_nodes)):
             raise GraphError("perm must be a permutation of the node indices")
         inv = np.empty_like(perm)

@@ -502,6 +502,13 @@ class OrderPredictor:
 
         self._check_fitted()
         out = check_model_dir(directory)
+        if clash := sorted(set(manifest) & _OWN_ENTRIES):  # a model's own: "classes" ...
+            raise TravorderError(f"manifest entry {clash[0]!r} is the model's own; give "
+                                 f"the entries it lacks")
+        try:  # before a file is written: an old model there stays whole
+            json_text(manifest)
+        except (TypeError, ValueError) as exc:
+            raise TravorderError(f"manifest entries must be JSON values: {exc}") from None
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -651,6 +658,13 @@ def _check_entries(doc: Mapping[str, Any], source: Path) -> None:
         if key in doc and not ok(doc[key]):
             raise FormatError(f"{source}: predictor manifest entry {key!r} must be {what}, "
                               f"not {json_text(doc[key])[:60]}")
+
+
+#: The entries `OrderPredictor.save` writes of the model itself.
+_OWN_ENTRIES = frozenset({
+    "format", "format_version", "kind", "params", "classes", "feature_names", "labels",
+    "regret_table", "mean_regret", "model_files", "tie_tolerance_used", "tolerance_regret",
+    "library_versions"})
 
 
 def check_model_dir(directory: str | os.PathLike[str]) -> Path:
