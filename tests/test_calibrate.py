@@ -112,4 +112,20 @@ def test_a_bad_output_name_is_refused_before_measuring(tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "measure_device", None)  # measuring would be a TypeError
     with pytest.raises(TravorderError, match=r"c\.txt' must end in \.toml or \.json"):
         cal.calibrate(["cpu"], sizes=cal.QUICK, out=tmp_path / "c.txt")
+    # each once a bare error, or a failure after the measurements
+    for kwargs, message in [
+            (dict(devices="cpu"), r"devices is a list of device names, .* not the string "
+                                  r"'cpu'"),  # once "unknown device 'c'"
+            (dict(devices=["cpu"], sizes=(1, 2)), r"sizes must be a Sizes"),
+            (dict(devices=["cpu"], name=5), "name must be a non-empty string, not 5"),
+            (dict(devices=["cpu"], out=tmp_path / "no" / "c.toml"), "no such folder for"),
+            (dict(devices=["cpu"], out=f"{tmp_path}/c.toml/"), "no such folder for")]:
+        with pytest.raises(TravorderError, match=message):
+            cal.calibrate(**kwargs)
     assert list(tmp_path.iterdir()) == []
+    for args, message in [((0, 1, (1, 2), 1, 1), "sizes matmul_n must be an integer >= 1"),
+                          ((1, 1, (1, 2), 0, 1), "sizes launch_ops must be an integer"),
+                          ((1, 1, (1, 2), 1, 0), "sizes repeats must be an integer >= 1"),
+                          ((1, 1, (4,), 1, 1), "copy_bytes must be a tuple of two or more")]:
+        with pytest.raises(TravorderError, match=message):  # once ZeroDivisionError ...
+            cal.Sizes(*args)

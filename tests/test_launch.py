@@ -239,6 +239,8 @@ def test_placement_forms(tmp_path):
     fwd = place_graph(g, "k80x3", placer="round_robin", order="bfs")
     save_placement(fwd, g, load_cluster("k80x3"), path)
     assert placement_slots(g, path, 3).tolist() == fwd.placement.tolist()
+    with pytest.raises(TravorderError, match="training must be True or False, not 'no'"):
+        placement_slots(g, path, 3, training="no")  # once read as True
 
 
 def test_placements_at_another_batch_or_over_micro_batches(tmp_path):

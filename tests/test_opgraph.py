@@ -12,9 +12,10 @@ from hypothesis import given, settings
 
 from travorder.errors import FormatError, GraphError, TravorderError
 from travorder.featurize import graph_features
-from travorder.graph import OpGraph, coarsen, load_graph, save_graph, training_graph
+from travorder.graph import OpGraph, coarsen, load_graph, prepare_graph, save_graph, training_graph
 from travorder.graph.batch import scale_batch
 from travorder.graph.native import FORMAT_VERSION, graph_to_dict
+from travorder.graph.opgraph import colocation_groups
 from travorder.placement import Simulator, simulate
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import place_graph
@@ -151,6 +152,10 @@ def test_arrays_that_are_not_what_they_stand_for_are_refused(tmp_path):
         with pytest.raises(GraphError, match=message):
             OpGraph(names, [0] if len(names) == 2 else [], [1] if len(names) == 2 else [],
                     **bad)
+    with pytest.raises(TravorderError, match="colocate must be True or False, not 'no'"):
+        colocation_groups(g, colocate="no")
+    with pytest.raises(GraphError, match="training must be True or False, not 'no'"):
+        prepare_graph(g, training="no")  # once a training step
     for perm in ([1.5, 0], ["1", "0"], [True, False]):
         with pytest.raises(GraphError, match="perm must be integers"):
             g.permute(perm)

@@ -255,6 +255,23 @@ def test_bad_input() -> None:
         place_graph(CHAINS, cluster(), "single", colocate=True)
     with pytest.raises(TravorderError, match="unknown cluster"):
         place_graph(CHAINS, "k80x99", "greedy")
+    with pytest.raises(TravorderError, match="floor must be True or False, not 'no'"):
+        place_graph(CHAINS, cluster(), "greedy", floor="no")  # once read as True
+
+
+def test_a_placement_a_placer_returns_is_checked_as_the_simulator_checks_it() -> None:
+    n = CHAINS.n_nodes
+    for returned, message in [  # each once cast: 0.7 -> 0, True -> 1, "1" -> 1
+            (np.full(n, 0.7), "must hold integer device indices, got float64"),
+            (np.ones(n, dtype=bool), "must hold integer device indices, got bool"),
+            (np.full(n, "1"), "must hold integer device indices"),
+            (np.full(n, 5), "on device 5, but cluster")]:
+        register_placer("toy_test", lambda graph, c, order, seed, r=returned: r)
+        try:
+            with pytest.raises(TravorderError, match=message):
+                place_graph(CHAINS, cluster(), "toy_test")
+        finally:
+            del PLACERS["toy_test"]
 
 
 def test_greedy_on_an_empty_graph() -> None:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import TravorderError, check_seed
+from travorder.errors import TravorderError, check_flag, check_seed
 from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.graph.batch import bind_hint
@@ -206,8 +206,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         raise TravorderError(f"the shortlist size must be an integer, not {verify!r}")
     if budget is not None and verify:
         raise TravorderError("give a time budget or a shortlist size, not both")
-    if not isinstance(explain, bool):
-        raise TravorderError(f"explain must be True or False, not {explain!r}")
+    check_flag(explain, "explain")
     placed = placed_graph(g, training, batch, micro_batches)  # checks batch, micro-batches
     est, manifest, description = load_predictor(predictor, placer)
     scenario = user_scenario(batch, micro_batches, manifest)

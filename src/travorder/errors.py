@@ -188,6 +188,20 @@ def check_seed(seed: Any) -> int:
     return int(seed)
 
 
+def check_flag(value: Any, what: str, error: type[TravorderError] | None = None) -> bool:
+    """``value`` if it is True or False (numpy's too), else an ``error`` (default
+    `TravorderError`): "no" and None would read as a choice.
+
+    >>> check_flag(False, "training")
+    False
+    """
+    import numpy as np
+
+    if not isinstance(value, bool | np.bool_):
+        raise (error or TravorderError)(f"{what} must be True or False, not {value!r}")
+    return bool(value)
+
+
 def check_format(doc: Any, source: str, name: str, version: int | tuple[int, ...],
                  what: str) -> dict[str, Any]:
     """``doc`` if it is a JSON object ``{"format": name, "format_version": v, ...}`` with

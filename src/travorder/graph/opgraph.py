@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from travorder.errors import GraphError, TravorderError
+from travorder.errors import GraphError, TravorderError, check_flag
 
 if TYPE_CHECKING:  # networkx is imported where it is used: loading graphs needs none
     import networkx as nx
@@ -556,9 +556,10 @@ def colocation_groups(graph: OpGraph, colocate: bool = True) -> np.ndarray:
     >>> colocation_groups(g).tolist(), colocation_groups(g, colocate=False).tolist()
     ([0, 1, 0], [0, 1, 2])
     """
-    if not colocate:
-        return np.arange(graph.n_nodes)
-    return np.unique(own_groups(graph.colocation), return_inverse=True)[1]
+    if not check_flag(colocate, "colocate"):
+        return np.arange(check_graph(graph, "colocation_groups").n_nodes)
+    return np.unique(own_groups(check_graph(graph, "colocation_groups").colocation),
+                     return_inverse=True)[1]
 
 
 def own_groups(colocation: np.ndarray) -> np.ndarray:

@@ -3,9 +3,7 @@ placement is for: a training step at a batch, pipelined."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from travorder.errors import GraphError
+from travorder.errors import GraphError, check_flag
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
 from travorder.graph.opgraph import OpGraph
@@ -18,7 +16,7 @@ def prepare_graph(graph: OpGraph, training: bool = True, coarsen_max_nodes: int 
     """The graph a study places: ``graph`` expanded by `training_graph` (if ``training``)
     and then coarsened to at most ``coarsen_max_nodes`` nodes (if positive). Both keep
     the graph's metadata (name, family, source)."""
-    g = training_graph(graph) if training else graph
+    g = training_graph(graph) if check_flag(training, "training", GraphError) else graph
     if coarsen_max_nodes and g.n_nodes > coarsen_max_nodes:
         g = coarsen(g, coarsen_max_nodes).graph
     return g
@@ -29,8 +27,7 @@ def placed_graph(graph: OpGraph, training: bool = True, batch: int | None = None
     """The graph a placement of ``graph`` is for: its training step (unless not
     ``training``) at ``batch`` (default: as exported), pipelined over ``micro_batches``,
     never coarsened (what ``travorder.place`` places)."""
-    if not isinstance(training, bool | np.bool_):  # "no" and None would read as a choice
-        raise GraphError(f"training must be True or False, not {training!r}")
+    check_flag(training, "training", GraphError)
     g = graph if batch is None else scale_batch(graph, batch)
     check_micro_batches(micro_batches, g.meta.get("batch_size"))  # before the step is built
     return pipeline_graph(prepare_graph(g, training), micro_batches)

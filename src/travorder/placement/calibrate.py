@@ -35,6 +35,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,19 @@ class Sizes:
     copy_bytes: tuple[int, ...]
     launch_ops: int
     repeats: int
+
+    def __post_init__(self) -> None:
+        counts = {"matmul_n": self.matmul_n, "stream_bytes": self.stream_bytes,
+                  "launch_ops": self.launch_ops, "repeats": self.repeats}
+        for key, value in counts.items():  # 0 divided by zero, or made a singular fit
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TravorderError(f"sizes {key} must be an integer >= 1, got {value!r}")
+        copies = self.copy_bytes
+        if (not isinstance(copies, tuple) or len(set(copies)) < 2 or not all(
+                isinstance(b, int) and not isinstance(b, bool) and b >= 1 for b in copies)):
+            raise TravorderError(f"sizes copy_bytes must be a tuple of two or more distinct "
+                                 f"integers >= 1 (a line is fitted through them), got "
+                                 f"{copies!r}")
 
     @classmethod
     def default(cls, cuda: bool) -> Sizes:
@@ -174,6 +188,9 @@ def resolve_devices(devices: Sequence[str]) -> tuple[list[str], str | None]:
     With no GPU on this machine, CUDA entries become ``cpu``; anything else torch does
     not know or this machine lacks raises `TravorderError`.
     """
+    if isinstance(devices, str):  # "cpu" is not the devices c, p and u
+        raise TravorderError(f"devices is a list of device names, e.g. ['cuda:0', "
+                             f"'cuda:1'], not the string {devices!r}")
     if not devices:
         raise TravorderError("no devices given")
     wanted = [str(d).strip() for d in devices]
@@ -204,8 +221,14 @@ def calibrate(devices: Sequence[str], *, sizes: Sizes | None = None, name: str |
     if link_model not in LINK_MODELS:  # before minutes of measuring, not after
         raise TravorderError(f"unknown link model {link_model!r} (expected one of "
                              f"{', '.join(LINK_MODELS)})")
+    if sizes is not None and not isinstance(sizes, Sizes):
+        raise TravorderError(f"sizes must be a Sizes (QUICK, or Sizes(...)), not {sizes!r}")
+    if name is not None and not (isinstance(name, str) and name):
+        raise TravorderError(f"name must be a non-empty string, not {name!r}")
     if out is not None:
         cluster_file_format(out)
+        if str(out).endswith(("/", os.sep)) or not Path(out).parent.is_dir():
+            raise TravorderError(f"no such folder for the cluster file {str(out)!r}")
     say = log or (lambda _: None)
     names, note = resolve_devices(devices)
     if note:

@@ -44,7 +44,7 @@ from torch import fx
 from torch.func import functional_call
 from torch.utils._pytree import tree_leaves, tree_map_only
 
-from travorder.errors import TravorderError, first_line
+from travorder.errors import TravorderError, check_flag, first_line
 from travorder.graph.opgraph import OpGraph
 from travorder.graph.prepare import placed_graph
 from travorder.graph.training import training_graph
@@ -135,7 +135,8 @@ def placement_slots(graph: OpGraph, placement: Any, n_devices: int, *,
         placement = doc["placement"]
     from_file = [f"{k}=" for k, v in (("training", training), ("batch", batch),
                                       ("micro_batches", micro_batches)) if v is None]
-    training = recorded.get("training", True) if training is None else training
+    training = recorded.get("training", True) if training is None else check_flag(
+        training, "training")
     batch = recorded.get("batch") if batch is None else batch
     micro_batches = recorded.get("micro_batches", 1) if micro_batches is None \
         else micro_batches

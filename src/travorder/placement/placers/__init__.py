@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from travorder.errors import TravorderError, check_seed
+from travorder.errors import TravorderError, check_flag, check_seed
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import check_graph
 from travorder.placement.clusters import Cluster, ClusterSource, load_cluster
@@ -47,7 +47,7 @@ from travorder.placement.placers.heuristics import (
     single,
 )
 from travorder.placement.rl import rl_options, rl_place
-from travorder.placement.simulator import Simulator
+from travorder.placement.simulator import Simulator, check_placement
 
 PlacerFn = Callable[..., Any]
 
@@ -226,7 +226,12 @@ def evaluate_placement(graph: OpGraph, cluster: Cluster, placement: Any, *, plac
                        learning_curve: Any = None, floor: bool = False) -> PlacementResult:
     """The `PlacementResult` of a placement a placer made: simulated, with the
     single-device floor (see `place_graph` for ``floor``)."""
-    placement = np.asarray(placement, dtype=np.int64)
+    cluster = load_cluster(cluster)
+    check_graph(graph, "evaluate_placement")
+    seed, floor = check_seed(seed), check_flag(floor, "floor")
+    placement = check_placement(graph, cluster, placement)
+    if placement.ndim != 1:
+        raise TravorderError("evaluate_placement takes one placement (a device per node)")
     simulator = Simulator(graph, cluster)
     sim = simulator.run(placement)
     alone = single(graph, cluster, np.arange(graph.n_nodes), seed)
