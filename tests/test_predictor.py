@@ -337,6 +337,17 @@ def test_fit_rejects_bad_times(frame):
         OrderPredictor().fit(data.X, data.times * 0)
     with pytest.raises(TravorderError, match="unknown predictor kind"):
         OrderPredictor("oracle").fit(data.X, data.times)
+    twice = data.times.iloc[:, [0, 0, 1]]  # once classes_ of one order twice
+    with pytest.raises(TravorderError, match="times names an order twice"):
+        OrderPredictor().fit(data.X, twice)
+    with pytest.raises(TravorderError, match="groups must give one family per row"):
+        OrderPredictor(tie_tolerance=None).fit(data.X, data.times, groups="abc")
+    with pytest.raises(TravorderError, match="at least one row and one feature"):
+        OrderPredictor().fit(data.X.iloc[:, :0], data.times)  # once LightGBM's ValueError
+    plain = OrderPredictor(n_estimators=5, min_child_samples=2).fit(data.X.to_numpy(),
+                                                                    data.times)
+    with pytest.raises(TravorderError, match="fitted on an array without feature names"):
+        plain.predict(dict(zip(data.X.columns, data.X.iloc[0], strict=True)))
 
 
 @pytest.fixture(scope="module")

@@ -258,7 +258,13 @@ class OrderPredictor:
                                  f"orders, got shape {T.shape}")
         if not np.all(np.isfinite(T) & (T > 0)):
             raise TravorderError("step times must be finite and positive")
-        self.classes_ = np.array([str(c) for c in times.columns])
+        names = [str(c) for c in times.columns]
+        if len(set(names)) < len(names):  # one order twice: the same class twice
+            raise TravorderError(f"times names an order twice: {', '.join(names)}")
+        if groups is not None and np.shape(groups) != (Xa.shape[0],):
+            raise TravorderError(f"groups must give one family per row ({Xa.shape[0]}), "
+                                 f"got {np.size(groups)}")
+        self.classes_ = np.array(names)
         k = self.classes_.size
         log_ratio = np.log(T / T.min(axis=1, keepdims=True))
         # Orders exactly as fast as the best (identical sequences or placements) all win.
@@ -334,6 +340,9 @@ class OrderPredictor:
         if isinstance(X, Mapping):  # one row by feature name
             if fitting:
                 raise TravorderError("fit needs a feature matrix, not a single row")
+            if not hasattr(self, "feature_names_in_"):
+                raise TravorderError("this predictor was fitted on an array without "
+                                     "feature names: give a row as an array")
             self._require_features(X)
             X = [[X[name] for name in self.feature_names_in_]]
         elif hasattr(X, "columns"):  # a DataFrame
@@ -349,8 +358,9 @@ class OrderPredictor:
             Xa = np.asarray(X, dtype=float)
         except (TypeError, ValueError) as exc:
             raise TravorderError(f"X must be a matrix of numbers ({exc})") from None
-        if Xa.ndim != 2 or Xa.shape[0] == 0:
-            raise TravorderError(f"X must be 2-D with at least one row, got shape {Xa.shape}")
+        if Xa.ndim != 2 or 0 in Xa.shape:
+            raise TravorderError(f"X must be 2-D with at least one row and one feature, got "
+                                 f"shape {Xa.shape}")
         if fitting:
             self.n_features_in_ = Xa.shape[1]
         elif Xa.shape[1] != self.n_features_in_:
