@@ -202,6 +202,8 @@ def test_misspelt_setting_in_a_file(tmp_path):
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"devices": ()}, "has no devices"),
+    ({"devices": None}, "devices must be a list of Device objects, not None"),  # TypeError
+    ({"devices": Device("d", 1e12, 1e11)}, "devices must be a list of Device objects, not "),
     ({"bandwidth": 0.0}, "bandwidth 0->1 must be positive"),
     ({"bandwidth": [[0, 1, 2]]}, r"2x2 matrix .* got shape \(1, 3\)"),
     ({"latency": -1.0}, "latency 0->1 must be finite and non-negative"),

@@ -11,11 +11,12 @@ import pytest
 from hypothesis import given, settings
 
 from travorder.errors import FormatError, GraphError, TravorderError
-from travorder.featurize import graph_features
+from travorder.featurize import graph_features, op_categories
 from travorder.graph import OpGraph, coarsen, load_graph, prepare_graph, save_graph, training_graph
 from travorder.graph.batch import scale_batch
 from travorder.graph.native import FORMAT_VERSION, graph_to_dict
 from travorder.graph.opgraph import colocation_groups
+from travorder.graph.perturb import perturb_costs
 from travorder.placement import Simulator, simulate
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers import place_graph
@@ -156,6 +157,11 @@ def test_arrays_that_are_not_what_they_stand_for_are_refused(tmp_path):
         colocation_groups(g, colocate="no")
     with pytest.raises(GraphError, match="training must be True or False, not 'no'"):
         prepare_graph(g, training="no")  # once a training step
+    with pytest.raises(GraphError, match="coarsen_max_nodes must be an integer >= 0"):
+        prepare_graph(g, coarsen_max_nodes="2")  # once a TypeError of '>'
+    for call in (lambda: perturb_costs("m.onnx", 0.2, 0.1), lambda: op_categories("m.onnx")):
+        with pytest.raises(TravorderError, match=r"takes an OpGraph, not str 'm\.onnx'"):
+            call()  # once AttributeError
     for perm in ([1.5, 0], ["1", "0"], [True, False]):
         with pytest.raises(GraphError, match="perm must be integers"):
             g.permute(perm)

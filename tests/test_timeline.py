@@ -179,3 +179,20 @@ def test_study_report_shows_the_best_and_worst_order_per_family(tmp_path):
     page = (tmp_path / "r" / "index.html").read_text()
     assert "Timelines of the best and the worst order" in page
     assert all(f'src="{name}"' in page for name in shots)
+
+
+def test_a_result_or_a_file_name_is_not_a_timeline(tmp_path):
+    g = diamond()
+    result = Simulator(g, "k80x3").run([0, 1, 0, 0])
+    tl = simulate_timeline(g, [0, 1, 0, 0], load_cluster("k80x3"))
+    for call, caller in ((lambda: write_trace(result, tmp_path / "t.json"), "trace_events"),
+                         (lambda: trace_events("t.json"), "trace_events"),
+                         (lambda: critical_path(None), "critical_path"),
+                         (lambda: plot_gantt([result]), "plot_gantt")):
+        with pytest.raises(TravorderError, match=f"{caller} takes a Timeline"):
+            call()  # once AttributeError: ... has no attribute 'graph'
+    with pytest.raises(TravorderError, match="plot_gantt takes a Timeline or a list"):
+        plot_gantt(None)
+    with pytest.raises(TravorderError, match="titles must be a list of strings, not 'abc'"):
+        plot_gantt([tl, tl, tl], titles="abc")  # once a title of one letter each
+    assert not (tmp_path / "t.json").exists()

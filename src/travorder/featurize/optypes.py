@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from travorder.graph import OpGraph
+from travorder.graph.opgraph import check_graph
 
 #: Category names, in order of precedence.
 OP_CATEGORIES = (
@@ -82,7 +83,7 @@ def _within(src: np.ndarray, dst: np.ndarray, start: np.ndarray, hops: int) -> n
 
 def op_categories(g: OpGraph) -> np.ndarray:
     """Index into `OP_CATEGORIES` of every node of ``g``."""
-    ops = np.char.lower(g.op_types.astype(str))
+    ops = np.char.lower(check_graph(g, "op_categories").op_types.astype(str))
     is_op = {cat: np.isin(ops, list(names)) for cat, names in _OP_TYPES.items()}
     n = g.n_nodes
     product = np.isin(ops, list(_PRODUCTS))

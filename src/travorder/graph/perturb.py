@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 
 from travorder.errors import GraphError
-from travorder.graph.opgraph import OpGraph
+from travorder.graph.opgraph import OpGraph, check_graph
 
 #: The largest ``op_noise`` and ``edge_noise`` (module docstring).
 MAX_NOISE = 3.0
@@ -56,6 +56,7 @@ def lognormal_factors(rng: np.random.Generator, sigma: float, n: int) -> np.ndar
 
 def perturb_costs(g: OpGraph, op_noise: float, edge_noise: float, seed: int = 0) -> OpGraph:
     """``g`` with noisy op and edge costs (module docstring)."""
+    check_graph(g, "perturb_costs")
     for what, v in (("op_noise", op_noise), ("edge_noise", edge_noise)):
         if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= MAX_NOISE:
             raise GraphError(f"{what} must be a number in [0, {MAX_NOISE:g}], got {v!r}")

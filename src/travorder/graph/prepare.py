@@ -3,6 +3,8 @@ placement is for: a training step at a batch, pipelined."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from travorder.errors import GraphError, check_flag
 from travorder.graph.batch import scale_batch
 from travorder.graph.coarsen import coarsen
@@ -16,6 +18,10 @@ def prepare_graph(graph: OpGraph, training: bool = True, coarsen_max_nodes: int 
     """The graph a study places: ``graph`` expanded by `training_graph` (if ``training``)
     and then coarsened to at most ``coarsen_max_nodes`` nodes (if positive). Both keep
     the graph's metadata (name, family, source)."""
+    if isinstance(coarsen_max_nodes, bool) or not isinstance(coarsen_max_nodes, int | np.integer) \
+            or coarsen_max_nodes < 0:
+        raise GraphError(f"coarsen_max_nodes must be an integer >= 0 (0: never), not "
+                         f"{coarsen_max_nodes!r}")
     g = training_graph(graph) if check_flag(training, "training", GraphError) else graph
     if coarsen_max_nodes and g.n_nodes > coarsen_max_nodes:
         g = coarsen(g, coarsen_max_nodes).graph

@@ -177,6 +177,9 @@ class Cluster:
         if not isinstance(self.description, str):
             raise TravorderError(f"{where}: description must be a string, got "
                                  f"{_short(self.description)}")
+        if not isinstance(self.devices, list | tuple):  # one Device, or None
+            raise TravorderError(f"{where}: devices must be a list of Device objects, not "
+                                 f"{_short(self.devices)}")
         devices = tuple(self.devices)
         if not devices:
             raise TravorderError(f"{where} has no devices")

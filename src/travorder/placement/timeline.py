@@ -72,6 +72,14 @@ class Timeline:
                 for j, b in enumerate(names) if i != j}
 
 
+def _check_timeline(tl: Any, caller: str) -> Timeline:
+    """``tl`` if it is a `Timeline`, else a `TravorderError` saying where one comes from."""
+    if not isinstance(tl, Timeline):
+        raise TravorderError(f"{caller} takes a Timeline (Simulator.timeline or "
+                             f"simulate_timeline), not {type(tl).__name__}")
+    return tl
+
+
 def simulate_timeline(graph: OpGraph, placement: Any, cluster: Cluster) -> Timeline:
     """The `Timeline` of one placement (`Simulator.timeline`)."""
     return Simulator(graph, cluster).timeline(placement)
@@ -86,7 +94,7 @@ def critical_path(tl: Timeline) -> list[int | Transfer]:
     on its device; a transfer's producer if it started when the producer finished, else
     the transfer before it on its queue. It ends at an item that started at 0.
     """
-    r, g = tl.result, tl.graph
+    r, g = _check_timeline(tl, "critical_path").result, tl.graph
     n = g.n_nodes
     if n == 0:
         return []
@@ -137,7 +145,7 @@ def trace_events(tl: Timeline) -> dict[str, Any]:
     ``args`` node, op_type, output_bytes; each transfer one on each queue it holds, with
     ``args`` bytes, src, dst and the producer's name. Metadata events name the tracks.
     """
-    g, r, c = tl.graph, tl.result, tl.cluster
+    g, r, c = _check_timeline(tl, "trace_events").graph, tl.result, tl.cluster
     names = g.names.tolist()
     devices = [d.name for d in c.devices]
     events: list[dict[str, Any]] = [
@@ -207,9 +215,16 @@ def plot_gantt(timelines: Timeline | list[Timeline], path: str | os.PathLike[str
     except ImportError:
         raise TravorderError("plot_gantt needs matplotlib: pip install "
                              "'travorder[report]'") from None
-    tls = [timelines] if isinstance(timelines, Timeline) else list(timelines)
+    if not isinstance(timelines, Timeline | list | tuple):
+        raise TravorderError(f"plot_gantt takes a Timeline or a list of them, not "
+                             f"{type(timelines).__name__}")
+    tls = [_check_timeline(tl, "plot_gantt") for tl in (
+        [timelines] if isinstance(timelines, Timeline) else timelines)]
     if not tls:
         raise TravorderError("plot_gantt needs at least one timeline")
+    if titles is not None and (isinstance(titles, str) or not all(
+            isinstance(t, str) for t in titles)):  # "abc" is not three titles
+        raise TravorderError(f"titles must be a list of strings, not {titles!r}")
     titles = titles or [f"{tl.graph.name} on {tl.cluster.name}" for tl in tls]
     if len(titles) != len(tls):
         raise TravorderError(f"{len(titles)} titles for {len(tls)} timelines: give one each")
