@@ -363,8 +363,18 @@ def test_time_step_trains_and_times():
         F.cross_entropy(ref(x), y).backward()
         opt.step()
     assert torch.equal(placed.get_submodule("2").weight, ref[2].weight)
-    with pytest.raises(TravorderError, match="steps must be at least 1"):
+    with pytest.raises(TravorderError, match="steps must be an integer of at least 1, not 0"):
         time_step(placed, x, lambda out: out.sum(), steps=0)
+    for kwargs, message in [  # each once a TypeError, ValueError or RuntimeError of torch's
+            (dict(steps="2"), "steps must be an integer of at least 1, not '2'"),
+            (dict(warmup=-1), "warmup must be an integer of at least 0, not -1"),
+            (dict(loss_fn=None), "loss_fn must be a function of the module's output"),
+            (dict(inputs=torch.randn(5, 3)), "a training step of PlacedSequential failed: "
+                                             "mat1 and mat2 shapes cannot be multiplied"),
+            (dict(module=nn.ReLU()), "ReLU has no parameters to train: give an optimizer")]:
+        args = {"module": placed, "inputs": x, "loss_fn": lambda out: out.sum(), **kwargs}
+        with pytest.raises(TravorderError, match=message):
+            time_step(args.pop("module"), args.pop("inputs"), args.pop("loss_fn"), **args)
     with pytest.raises(TravorderError, match=r"loss_fn must return a one-element tensor to "
                                              r"call backward on, got a tensor of shape \("):
         time_step(placed, x, lambda out: out, steps=1, warmup=0)

@@ -260,9 +260,15 @@ def test_functions_of_a_graph_name_what_they_take(call, tmp_path, monkeypatch):
 
 
 def test_training_graph_refuses_a_factor_that_is_no_number():
-    for bad in ("2", True, float("nan"), -1.0):
+    from fractions import Fraction
+
+    for bad in ("2", True, float("nan"), -1.0, Fraction(1, 3), 10**400):  # the last two
         with pytest.raises(GraphError, match="backward_flops_factor must be a finite number"):
-            training_graph(diamond(), backward_flops_factor=bad)
+            training_graph(diamond(), backward_flops_factor=bad)  # once TypeError, Overflow
+    huge = OpGraph(["a"], [], [], flops=[1e300], meta={"batch_size": 1, "name": "huge"})
+    with pytest.raises(GraphError, match=r"graph 'huge' at batch 4611686018427387904 \(exported "
+                                         r"at 1\): its flops grow past what a float holds"):
+        scale_batch(huge, 2**62)  # once a numpy overflow warning first
 
 
 def test_native_file_with_other_version_is_refused(tmp_path):

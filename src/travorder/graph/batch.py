@@ -73,8 +73,11 @@ def scale_batch(g: OpGraph, batch: int) -> OpGraph:
         return g
     factor = int(batch) / float(exported)
     per_node = np.where(np.isin(g.op_types, list(BATCH_INVARIANT_OP_TYPES)), 1.0, factor)
-    return g.replace(
-        flops=g.flops * per_node, output_bytes=g.output_bytes * per_node,
-        time_us=g.time_us * per_node, edge_bytes=g.edge_bytes * per_node[g.src],
-        meta={**g.meta, "batch_size": int(batch)},
-    )
+    with np.errstate(over="ignore"):  # past a float: said below, with the batch
+        costs = {"flops": g.flops * per_node, "output_bytes": g.output_bytes * per_node,
+                 "time_us": g.time_us * per_node,
+                 "edge_bytes": g.edge_bytes * per_node[g.src]}
+    if over := [k for k, a in costs.items() if np.isinf(a).any()]:
+        raise GraphError(f"graph {g.name!r} at batch {batch} (exported at {exported:g}): "
+                         f"its {over[0]} grow past what a float holds")
+    return g.replace(**costs, meta={**g.meta, "batch_size": int(batch)})

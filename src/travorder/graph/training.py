@@ -33,7 +33,6 @@ True
 from __future__ import annotations
 
 import math
-from numbers import Real
 
 import numpy as np
 
@@ -63,8 +62,9 @@ def training_graph(g: OpGraph, *, backward_flops_factor: float = 2.0) -> OpGraph
     """
     check_graph(g, "training_graph")
     if isinstance(backward_flops_factor, bool) or not isinstance(
-            backward_flops_factor, Real) or not (
-            math.isfinite(backward_flops_factor) and backward_flops_factor >= 0):
+            backward_flops_factor, int | float | np.integer | np.floating) or not (
+            backward_flops_factor < 1e300 and math.isfinite(backward_flops_factor)
+            and backward_flops_factor >= 0):  # Fraction(1, 3), 10**400: no float
         raise GraphError(
             f"backward_flops_factor must be a finite number >= 0, not "
             f"{backward_flops_factor!r}"

@@ -343,9 +343,19 @@ def time_step(module: torch.nn.Module, example_inputs: Any,
     ``loss_fn`` gets the module's output, wherever it is, and returns a scalar tensor (e.g.
     ``lambda out: F.cross_entropy(out, y.to(out.device))``).
     """
-    if steps < 1:
-        raise TravorderError(f"steps must be at least 1, not {steps}")
+    for what, value, least in (("steps", steps, 1), ("warmup", warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise TravorderError(f"{what} must be an integer of at least {least}, not "
+                                 f"{value!r}")
+    if not isinstance(module, torch.nn.Module):
+        raise TravorderError(f"time_step times a torch.nn.Module, not {_what(module)}")
+    if not callable(loss_fn):
+        raise TravorderError(f"loss_fn must be a function of the module's output, not "
+                             f"{_what(loss_fn)}")
     inputs = as_inputs(example_inputs)
+    if optimizer is None and not any(p.requires_grad for p in module.parameters()):
+        raise TravorderError(f"{type(module).__name__} has no parameters to train: give "
+                             f"an optimizer, or time a module that learns")
     opt = optimizer or torch.optim.SGD(module.parameters(), lr=1e-3)
     cuda = _cuda_devices(module)
     cuda += [t.device for t in tree_leaves(inputs)
@@ -364,13 +374,19 @@ def time_step(module: torch.nn.Module, example_inputs: Any,
         loss.backward()
         opt.step()
 
-    for _ in range(warmup):
-        step()
     times = np.empty(steps)
-    for i in range(steps):
-        sync()
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times[i] = (time.perf_counter() - t0) * 1e6
+    try:
+        for _ in range(warmup):
+            step()
+        for i in range(steps):
+            sync()
+            t0 = time.perf_counter()
+            step()
+            sync()
+            times[i] = (time.perf_counter() - t0) * 1e6
+    except TravorderError:
+        raise
+    except Exception as exc:  # the user's model or loss raised on the user's inputs
+        raise TravorderError(f"a training step of {type(module).__name__} failed: "
+                             f"{first_line(exc)}") from None
     return StepTimes(times)
