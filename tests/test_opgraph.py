@@ -112,6 +112,10 @@ def test_arrays_and_attributes_are_read_only():
         ([{"name": "a", "flops": 3 + 4j}], [], "flops must be numbers: got an array of complex128"),
         ([{"name": "a"}, {"name": "b"}], [{"src": "a", "dst": "b", "byte": 99}],
          "edge 'a' -> 'b' has unknown key 'byte' .expected src, dst, bytes."),
+        ([{"name": ["a"]}], [], r"node names must be strings, got \['a'\]"),  # TypeError
+        ([{"name": "a"}, {"name": "b"}], [5], "an edge is .src, dst., .src, dst, bytes. or"),
+        ([{"name": "a"}, {"name": "b"}], [{"a", "b"}], "an edge is"),  # once either way
+        ([{"name": "a"}, {"name": "b"}], [(["a"], "b")], r"names unknown node \['a'\]"),
         ([{"name": "a", "flop": 1e9}], [], "node 'a' has unknown key 'flop' .expected name, "
                                            "op_type, flops,"),
     ],
@@ -153,6 +157,8 @@ def test_arrays_that_are_not_what_they_stand_for_are_refused(tmp_path):
         with pytest.raises(GraphError, match=message):
             OpGraph(names, [0] if len(names) == 2 else [], [1] if len(names) == 2 else [],
                     **bad)
+    with pytest.raises(GraphError, match="meta must be a mapping, not list"):
+        g.replace(meta=[1])
     with pytest.raises(TravorderError, match="colocate must be True or False, not 'no'"):
         colocation_groups(g, colocate="no")
     with pytest.raises(GraphError, match="training must be True or False, not 'no'"):

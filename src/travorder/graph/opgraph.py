@@ -296,7 +296,7 @@ class OpGraph:
             if unknown:  # a misspelt "flop" would leave the op free
                 raise GraphError(f"node {nd['name']!r} has unknown key {unknown[0]!r} "
                                  f"(expected {', '.join(NODE_KEYS)})")
-        names = [nd["name"] for nd in nodes]
+        names = _strings([nd["name"] for nd in nodes], "node names")
         index = {name: i for i, name in enumerate(names)}
         src, dst, eb = [], [], []
         for e in edges:
@@ -305,13 +305,13 @@ class OpGraph:
                     raise GraphError(f"edge {e['src']!r} -> {e['dst']!r} has unknown key "
                                      f"{unknown[0]!r} (expected src, dst, bytes)")
                 s, d, b = e["src"], e["dst"], e.get("bytes")
-            elif not isinstance(e, str | bytes | Mapping) and len(e) in (2, 3):
+            elif isinstance(e, list | tuple | np.ndarray) and len(e) in (2, 3):
                 s, d, b = (*e, None) if len(e) == 2 else e
             else:
                 raise GraphError(f"an edge is (src, dst), (src, dst, bytes) or a mapping "
                                  f"with 'src' and 'dst', got {e!r:.80}")
             for end in (s, d):
-                if end not in index:
+                if not isinstance(end, str) or end not in index:
                     raise GraphError(f"edge {s!r} -> {d!r} names unknown node {end!r}")
             src.append(index[s])
             dst.append(index[d])
@@ -390,7 +390,10 @@ class OpGraph:
     def replace(self, **changes: Any) -> OpGraph:
         """A copy with some constructor arguments changed; ``meta`` entries are merged."""
         args = self._arguments()
-        args["meta"].update(changes.pop("meta", {}))
+        meta = changes.pop("meta", {})
+        if not isinstance(meta, Mapping):
+            raise GraphError(f"meta must be a mapping, not {type(meta).__name__}")
+        args["meta"].update(meta)
         args.update(changes)
         return OpGraph(**args)
 
