@@ -137,6 +137,10 @@ def test_bad_input():
     with pytest.raises(TravorderError, match="Linear failed on the example inputs: its "
                                              "forward takes 1 input, 2 were given"):
         capture(nn.Linear(4, 3), (torch.ones(2, 4), torch.ones(2, 4)))  # fx drops one
+    with pytest.raises(TravorderError, match=r"the example inputs hold a batch of 0 samples "
+                                             r"\(the first dimension of the first input, "
+                                             r"\(0, 4\)\)"):  # once "meta batch_size must"
+        capture(nn.Linear(4, 3), torch.ones(0, 4))
 
 
 def test_a_forward_of_any_number_of_inputs_takes_them_all():

@@ -271,6 +271,11 @@ def capture(module: torch.nn.Module, example_inputs: Any, *, name: str | None = 
     Raises `TravorderError` if the module cannot be traced or fails on the inputs.
     """
     inputs = as_inputs(example_inputs)
+    first = next((t for t in tree_leaves(inputs) if isinstance(t, torch.Tensor)), None)
+    if first is not None and first.dim() and first.shape[0] == 0:  # the batch it records
+        raise TravorderError(f"the example inputs hold a batch of 0 samples (the first "
+                             f"dimension of the first input, {tuple(first.shape)}): give "
+                             f"one or more")
     gm = trace(module)
     placeholders = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
     takes = len(placeholders)
