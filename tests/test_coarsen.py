@@ -136,7 +136,7 @@ def test_expand_checks_the_placement_length():
         c.expand([0, 1, 2])
 
 
-@pytest.mark.parametrize("bad", [0, -3, 1.5, "2"])
+@pytest.mark.parametrize("bad", [0, -3, 1.5, "2", True])  # True: once one node
 def test_bad_max_nodes(bad):
     with pytest.raises(GraphError, match="max_nodes"):
         coarsen(residual(), bad)

@@ -350,6 +350,8 @@ def coarsen(g: OpGraph, max_nodes: int) -> Coarsening:
     """
     check_graph(g, "coarsen")
     try:
+        if isinstance(max_nodes, bool | np.bool_):  # True is no count of nodes
+            raise TypeError
         max_nodes = operator.index(max_nodes)
     except TypeError:
         raise GraphError(f"max_nodes must be an integer, not {max_nodes!r}") from None
