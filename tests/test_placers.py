@@ -259,6 +259,14 @@ def test_bad_input() -> None:
         place_graph(CHAINS, cluster(), "greedy", floor="no")  # once read as True
 
 
+@pytest.mark.parametrize("name", ["round_robin", "random", "contiguous", "greedy", "rl"])
+def test_a_placer_called_directly_takes_a_permutation_only(name) -> None:
+    n = CHAINS.n_nodes
+    for order in ([0, 1], [0] * n, [*range(n - 1), -1], np.arange(n) * 1.0):
+        with pytest.raises(TravorderError, match="a visiting order is a permutation of"):
+            PLACERS[name](CHAINS, cluster(), order, 0)  # once a placement holding -1
+
+
 def test_a_placement_a_placer_returns_is_checked_as_the_simulator_checks_it() -> None:
     n = CHAINS.n_nodes
     for returned, message in [  # each once cast: 0.7 -> 0, True -> 1, "1" -> 1

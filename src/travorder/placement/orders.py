@@ -218,6 +218,23 @@ def get_order(name: str) -> OrderFn:
             f"unknown order {name!r}; valid orders: {', '.join(sorted(ORDERS))}") from None
 
 
+def check_visit(g: OpGraph, order: object) -> np.ndarray:
+    """``order`` as int64 if it is a permutation of ``g``'s node indices (what
+    `traversal_order` returns and a placer visits), else a `TravorderError`.
+
+    >>> from travorder.graph import OpGraph
+    >>> check_visit(OpGraph(["a", "b"], [0], [1]), [1, 0]).tolist()
+    [1, 0]
+    """
+    a = np.asarray(order)
+    n = check_graph(g, "a placer").n_nodes
+    if a.shape != (n,) or (n and a.dtype.kind not in "iu") or not np.array_equal(
+            np.sort(a), np.arange(n)):  # [0, 0, 1] would leave a node unplaced (-1)
+        raise TravorderError(f"a visiting order is a permutation of the {n} node indices "
+                             f"(traversal_order gives one), got {str(a.tolist())[:60]}")
+    return a.astype(np.int64, copy=False)
+
+
 def traversal_order(g: OpGraph, name: str, seed: int = 0) -> np.ndarray:
     """The permutation of `g`'s node indices that order `name` visits (see `ORDERS`).
 

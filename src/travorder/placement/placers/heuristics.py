@@ -14,6 +14,7 @@ import numpy as np
 
 from travorder.graph import OpGraph
 from travorder.placement.clusters import Cluster, compute_times
+from travorder.placement.orders import check_visit
 from travorder.placement.placers.schedule import DeviceBook, PartialSchedule
 
 
@@ -31,7 +32,7 @@ def round_robin(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     the next device after it where the node fits."""
     book = DeviceBook(graph, cluster, colocate)
     n_dev, k = cluster.n_devices, 0
-    for v in order.tolist():
+    for v in check_visit(graph, order).tolist():
         cands = book.candidates(v)
         if book.forced(v) < 0:
             cands = sorted(cands, key=lambda d: (d - k) % n_dev)
@@ -46,7 +47,7 @@ def random(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     fits (``numpy.random.default_rng(seed)``)."""
     rng = np.random.default_rng(seed)
     book = DeviceBook(graph, cluster, colocate)
-    for v in order.tolist():
+    for v in check_visit(graph, order).tolist():
         cands = book.candidates(v)
         book.assign(v, cands[int(rng.integers(len(cands)))])
     return book.placement()
@@ -63,6 +64,7 @@ def contiguous(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     unless no later device has room.
     """
     times = compute_times(graph, cluster)
+    order = check_visit(graph, order)
     work = times.mean(axis=1)[order]
     speed = 1.0 / np.maximum(times.sum(axis=0), 1e-300)
     bounds = np.cumsum(speed) / speed.sum() * work.sum()
@@ -94,7 +96,7 @@ def greedy(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     depend on the order.
     """
     sched = PartialSchedule(graph, cluster, colocate)
-    for v in order.tolist():
+    for v in check_visit(graph, order).tolist():
         cands = sched.candidates(v)
         best = cands[0] if len(cands) == 1 else min(
             cands, key=lambda d: (sched.estimate(v, d)[1], d))

@@ -42,6 +42,7 @@ from travorder.errors import TravorderError
 from travorder.graph import OpGraph
 from travorder.placement._jit import jit
 from travorder.placement.clusters import Cluster
+from travorder.placement.orders import check_visit
 from travorder.placement.rl.env import MEMORY_MODES, PlacementEnv
 from travorder.placement.rl.episode import Episode, play_episode
 from travorder.placement.rl.network import NumpyNetwork
@@ -526,6 +527,7 @@ def rl_place(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int = 0,
     """The ``rl`` placer: train with `RLConfig` ``preset`` and ``options``; return the
     best placement and the learning curve (final step time per episode)."""
     config = RLConfig.from_options(preset, **options)
+    order = check_visit(graph, order)
     if preset.startswith("paper") and cluster.n_devices != 3:
         raise TravorderError(f"the {preset} preset is the study's setting on 3 devices "
                              f"(k80x3); cluster {cluster.name!r} has {cluster.n_devices}")
