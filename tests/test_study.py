@@ -231,6 +231,14 @@ def _unwritable(path: Path):
         subprocess.run(["chattr", "-i", str(path)], check=True)
 
 
+def test_a_store_that_cannot_be_made_leaves_no_empty_file(tmp_path):
+    store = tmp_path / "s.sqlite"
+    (tmp_path / "s.sqlite-wal").mkdir()  # where SQLite writes its log
+    with pytest.raises(TravorderError, match=r"cannot make the result store .*s\.sqlite'"):
+        run_study(spec(), store, progress=False)  # once "not a travorder result store"
+    assert not store.exists()  # once left behind, empty
+
+
 def test_a_store_that_cannot_be_written_is_one_error_and_is_read_where_it_lies(tmp_path):
     store = tmp_path / "runs" / "s.sqlite"
     store.parent.mkdir()
