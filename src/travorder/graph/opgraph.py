@@ -559,10 +559,10 @@ def colocation_groups(graph: OpGraph, colocate: bool = True) -> np.ndarray:
     >>> colocation_groups(g).tolist(), colocation_groups(g, colocate=False).tolist()
     ([0, 1, 0], [0, 1, 2])
     """
+    check_graph(graph, "colocation_groups")
     if not check_flag(colocate, "colocate"):
-        return np.arange(check_graph(graph, "colocation_groups").n_nodes)
-    return np.unique(own_groups(check_graph(graph, "colocation_groups").colocation),
-                     return_inverse=True)[1]
+        return np.arange(graph.n_nodes)
+    return np.unique(own_groups(graph.colocation), return_inverse=True)[1]
 
 
 def own_groups(colocation: np.ndarray) -> np.ndarray:
