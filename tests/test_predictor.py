@@ -372,11 +372,16 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
 
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=3)
     study_graph = training_graph(read_onnx(onnx_model))  # the fixture's model: no coarsening
-    want = {o: place_graph(study_graph, "k80x3", order=o).step_time_us for o in ORDERS}
+    results = {o: place_graph(study_graph, "k80x3", order=o) for o in ORDERS}
+    want = {o: r.step_time_us for o, r in results.items()}
     assert rec.verified == pytest.approx(want)
     assert want[rec.order] == min(want.values())
     assert list(rec.verified.values()) == pytest.approx(sorted(want.values()))  # fastest first
-    assert rec.runner_up_regret == pytest.approx(want[rec.runner_up] / want[rec.order] - 1)
+    # the best placement is one device's: the slower orders are floored to it, all tied
+    floor = results[rec.order].single_device_us
+    assert rec.single_device_us == pytest.approx(floor) == want[rec.order]
+    assert sorted(rec.floored) == sorted(o for o in ORDERS if want[o] > floor * (1 + 1e-9))
+    assert sorted(rec.tied) == sorted(ORDERS) and rec.runner_up is None
     assert place(onnx_model, "k80x3", predictor=model_dir, verify=3).order == rec.order
     one = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
     plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
@@ -1025,9 +1030,10 @@ def test_checks_over_memory_and_of_zero_time(model_dir, onnx_model, monkeypatch,
 
     import travorder.api
 
-    def fake(times, fits):
+    def fake(times, fits):  # one device does not fit: nothing falls back
         return lambda placed, c, candidates, *args: {
-            o: SimpleNamespace(step_time_us=times[o], feasible=fits[o])
+            o: SimpleNamespace(step_time_us=times[o], feasible=fits[o],
+                               single_device_us=50.0, single_device_feasible=False)
             for o in candidates}
 
     # the fastest placement does not fit: the pick is the fastest that fits, and the
@@ -1049,6 +1055,69 @@ def test_checks_over_memory_and_of_zero_time(model_dir, onnx_model, monkeypatch,
                                                       dict.fromkeys(ORDERS, True)))
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=len(ORDERS))
     assert sorted(rec.tied) == sorted(ORDERS) and rec.tie_margin == 0.0
+
+
+def test_checked_orders_are_compared_as_the_placement_written(model_dir, onnx_model,
+                                                               monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    import travorder.api
+
+    times = {"bfs": 100.0, "topo": 120.0, "dfs_preorder": 150.0}
+
+    def fake(single_us):
+        return lambda placed, c, candidates, *args: {
+            o: SimpleNamespace(step_time_us=times[o], feasible=o != "dfs_preorder",
+                               single_device_us=single_us, single_device_feasible=True)
+            for o in candidates}
+
+    # topo and dfs_preorder (over memory) would write one device, 110 us: 10% slower
+    monkeypatch.setattr(travorder.api, "_check", fake(110.0))
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=len(ORDERS))
+    assert (rec.order, rec.tied, rec.floored) == ("bfs", ["bfs"], ["topo", "dfs_preorder"])
+    assert rec.runner_up_regret == pytest.approx(0.1) and rec.single_device_us == 110.0
+    assert rec.verified == times  # as measured: the floor is not written over them
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "3")
+    assert code == 0 and ("one device (0.110 ms) is faster than the placements of every "
+                          "checked order but bfs (or fits where they do not): --place "
+                          "writes it for them") in out
+    assert "measured regret 10.0%" in out
+    # one device faster than all: whichever is chosen, one device is written
+    monkeypatch.setattr(travorder.api, "_check", fake(90.0))
+    rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=len(ORDERS))
+    assert rec.floored == rec.tied == ["bfs", "topo", "dfs_preorder"]
+    assert rec.order == "bfs" and rec.tie_margin == 0.0 and rec.runner_up is None
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "3")
+    assert code == 0 and "any of bfs, topo, dfs_preorder: measured within 0.0%" in out
+    assert ("one device (0.090 ms) is faster than every checked order's placement (or "
+            "fits where they do not): --place writes it for them") in out
+    assert "measured regret" not in out
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "1")
+    assert code == 0 and "is faster than topo's placement: --place writes it instead" in out
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "3",
+                        "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["floored"] == doc["tied"] and doc["single_device_us"] == 90.0
+
+
+@pytest.mark.slow
+def test_orders_slower_than_one_device_are_tied_at_the_placement_written(capsys, tmp_path):
+    from travorder.graph.prepare import placed_graph
+    from travorder.placement import simulate
+    from travorder.placement.clusters import load_cluster
+    from travorder.placement.placement_file import load_placement
+
+    model = str(Path(__file__).parents[1] / "examples" / "transformer_small.onnx")
+    out_path = tmp_path / "p.json"
+    code, out, _ = _run(capsys, model, "--verify", "3", "--batch", "16", "--micro-batches",
+                        "4", "--json", "--place", str(out_path))
+    doc = json.loads(out)
+    assert code == 0 and doc["floored"] == doc["tied"] == list(doc["verified"])
+    assert min(doc["verified"].values()) > doc["single_device_us"]
+    graph = placed_graph(load_graph(model), True, 16, 4)
+    devices, _ = load_placement(out_path, graph)
+    step = simulate(graph, devices, load_cluster("k80x3")).step_time_us
+    assert doc["placement"]["fallback"] and step == pytest.approx(doc["single_device_us"])
 
 
 def test_ops_of_unknown_shape_are_a_warning(model_dir, tmp_path):

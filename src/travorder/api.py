@@ -67,9 +67,13 @@ class Recommendation:
     ``verified``: the simulated step time (us) of each order checked by placement
     (``verify=k`` or ``budget=``), the placements that fit in memory fastest first, then
     the others (``budget=`` checks the model's orders best-ranked first, then those it does
-    not know); ``over_memory``: the checked orders whose placement does not fit in memory
-    (a runner-up among them, after an order that fits, has regret ``inf``, ``null`` in
-    JSON); ``exact``: every traversal order travorder has was checked (all fitted in
+    not know); ``over_memory``: the checked orders whose placement does not fit in memory;
+    checked orders are tied, and a runner-up's regret measured, as `place` writes them:
+    the single-device placement instead of any that is slower or does not fit where one
+    device does (a runner-up that does not fit, after an order that fits, has regret
+    ``inf``, ``null`` in JSON); ``single_device_us``: that placement's step time (None
+    when nothing was checked); ``floored``: the checked orders `place` writes it for;
+    ``exact``: every traversal order travorder has was checked (all fitted in
     the budget), so ``order`` is the best of all for this placer and seed; ``check_s``:
     time spent checking; ``same_sequence``: the groups of orders that visit the placed
     graph in the same node sequence, and so place it alike: they share one prediction
@@ -98,6 +102,8 @@ class Recommendation:
     over_memory: list[str] = field(default_factory=list)
     exact: bool = False
     check_s: float | None = None
+    single_device_us: float | None = None
+    floored: list[str] = field(default_factory=list)
     same_sequence: list[list[str]] = field(default_factory=list)
     placement: PlacementResult | None = field(default=None, repr=False, compare=False)
 
@@ -246,8 +252,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
                     f"placement"]  # and no other: nothing depends on the features
     probability = dict(zip(names, proba.tolist(), strict=True))
     expected = dict(zip(names, regret.tolist(), strict=True))
-    verified = placement = check_s = None
-    exact, over_memory = False, []
+    verified = placement = check_s = single_device_us = None
+    exact, floored, over_memory = False, [], []
     if (verify or budget is not None) and c.n_devices > 1:  # one device: nothing to check
         candidates = [names[j] for j in est.shortlist_from_scores(
             scores[None], verify or len(names))[0]]
@@ -270,11 +276,17 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         verified = {o: float(results[o].step_time_us) for o in checked}
         over_memory = [o for o in checked if not results[o].feasible]
         placement = results[checked[0]]
-        fastest = placement.step_time_us
-        tied = [o for o in checked if results[o].feasible == placement.feasible
-                and results[o].step_time_us <= fastest * (1 + TIE_REL_TOL)]
-        margin = _slower_by(results[tied[-1]].step_time_us, fastest)
+        # Compared as `place` and --place write them: one device where it is faster.
+        floored = [o for o in checked if _floored(results[o])]
+        written = {o: (True, float(results[o].single_device_us)) if o in floored else
+                   (bool(results[o].feasible), float(results[o].step_time_us))
+                   for o in checked}
+        fits, fastest = written[checked[0]]
+        tied = [o for o in checked if written[o][0] == fits
+                and written[o][1] <= fastest * (1 + TIE_REL_TOL)]
+        margin = max(_slower_by(written[o][1], fastest) for o in tied)
         exact = set(ORDERS) <= set(verified)
+        single_device_us = float(placement.single_device_us)
     else:
         ranked = [names[j] for j in ranked]
         tied = [o for o in ranked if expected[o] <= regret.min() + est.tie_tolerance_]
@@ -287,10 +299,10 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         runner_up_regret = math.nan
     elif verified is None or second not in verified:
         runner_up_regret = expected[second]
-    elif second in over_memory and best not in over_memory:
+    elif not written[second][0] and written[best][0]:
         runner_up_regret = math.inf  # faster maybe, but it does not fit
     else:
-        runner_up_regret = _slower_by(verified[second], verified[best])
+        runner_up_regret = _slower_by(written[second][1], written[best][1])
     # One order checked compares nothing: the predictor's confidence stands.
     low = c.n_devices > 1 and (verified is None or len(verified) < 2) and (
         bool(warnings) or probability[best] < 0.5)
@@ -307,8 +319,18 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         model=description, tied=tied, tie_margin=margin,
         confidence="low" if low else "high", warnings=warnings,
         contributions=contributions, verified=verified, over_memory=over_memory,
-        exact=exact, check_s=check_s, same_sequence=[list(group) for group in same],
+        exact=exact, check_s=check_s, single_device_us=single_device_us,
+        floored=floored, same_sequence=[list(group) for group in same],
         placement=placement)
+
+
+def _floored(result: PlacementResult) -> bool:
+    """Whether `place` writes the single-device placement instead of ``result`` (a
+    checked placement): one device fits, and ``result`` does not or is slower."""
+    from travorder.placement.placers import falls_back
+
+    return bool(falls_back(result.step_time_us, result.feasible, result.single_device_us,
+                           result.single_device_feasible))
 
 
 def _grouped(values: np.ndarray, names: list[str], same: list[tuple[str, ...]],

@@ -1201,6 +1201,19 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         print("  checked: " + ", ".join(
             f"{o} {t / 1e3:.3f} ms" + (" (over memory)" if o in rec.over_memory else "")
             for o, t in rec.verified.items()))
+        if rec.floored:  # what --place writes for them, and what they are compared by
+            rest = [o for o in rec.verified if o not in rec.floored]
+            who = f"{rec.floored[0]}'s placement" if len(rec.verified) == 1 else \
+                "every checked order's placement" if not rest else \
+                f"the placements of every checked order but {', '.join(rest)}" \
+                if len(rest) < len(rec.floored) else \
+                f"the placements of {', '.join(rec.floored)}"
+            fits = " (or fits where they do not)" if set(rec.floored) & set(
+                rec.over_memory) else ""
+            print(f"  one device ({rec.single_device_us / 1e3:.3f} ms) is faster than "
+                  f"{who}{fits}: --place writes it " + (
+                      "instead" if len(rec.floored) == 1 else
+                      "for them, and they are compared at it"))
         if rec.confidence == "low":
             print(f"  confidence low: one order checked (probability of being the best "
                   f"{rec.probability:.2f}); a larger --budget compares orders by placement")
