@@ -1006,6 +1006,8 @@ def test_evaluate_with_test_data_breaks_the_result_down(capsys, datasets, tmp_pa
                                                  "data has rl)"),
             (["--test-data", str(test_path), "--structure", "gnn"], "--test-data takes"),
             (["--structure", "bogus"], "unknown feature block 'bogus'"),
+            (["--structure", " , "], "--structure takes feature block names separated by "
+                                     "commas, got ' , '"),
             (["--folds", "1"], "--folds must be at least 2")):
         code, text, err = run(capsys, *base, *extra)
         assert code == 2 and text == "" and len(err.strip().splitlines()) == 1, (extra, err)

@@ -186,3 +186,14 @@ def test_two_thousand_ops_featurize_well_under_a_second():
     start = time.process_time()
     feature_vector(g)
     assert time.process_time() - start < 1.0
+
+
+def test_cluster_features_take_a_cluster_not_its_name():
+    from travorder.errors import TravorderError
+    from travorder.featurize.cluster import CLUSTER_FEATURE_NAMES, cluster_features
+    from travorder.placement.clusters import load_cluster
+
+    assert tuple(cluster_features(load_cluster("k80x3"))) == CLUSTER_FEATURE_NAMES
+    with pytest.raises(TravorderError, match=r"takes a Cluster \(travorder.placement."
+                                             r"load_cluster\('k80x3'\)\), not 'k80x3'"):
+        cluster_features("k80x3")

@@ -742,6 +742,9 @@ def _blocks(text: str) -> list[str]:
     from travorder.predictor.structure import check_blocks
 
     blocks = [b.strip() for b in text.split(",") if b.strip()]
+    if text.strip() and not blocks:
+        raise TravorderError(f"--structure takes feature block names separated by commas, "
+                             f"got {text!r}")
     check_blocks(blocks)
     return blocks
 

@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from travorder.errors import TravorderError
+
 #: Cluster feature names, in order.
 CLUSTER_FEATURE_NAMES = (
     "n_devices",
@@ -42,7 +44,11 @@ _UNLIMITED_MEMORY = 1e15
 
 
 def cluster_features(cluster: Any) -> dict[str, float]:
-    """Features of ``cluster``, keyed and ordered as `CLUSTER_FEATURE_NAMES`."""
+    """Features of ``cluster`` (a `travorder.placement.Cluster`), keyed and ordered as
+    `CLUSTER_FEATURE_NAMES`."""
+    if not hasattr(cluster, "devices"):  # a preset's name: the presets live downstream
+        raise TravorderError(f"cluster_features takes a Cluster (travorder.placement."
+                             f"load_cluster({cluster!r})), not {cluster!r}")
     peak = np.array([d.peak_flops for d in cluster.devices], dtype=float)
     mem_bw = np.array([d.mem_bw for d in cluster.devices], dtype=float)
     memory = np.array([min(d.memory, _UNLIMITED_MEMORY) for d in cluster.devices])
