@@ -965,9 +965,15 @@ def test_evaluate_as_placed_scores_the_single_device_floor(capsys, datasets, tmp
     assert tested["always-topo"]["mean_regret"] == 0
     code, text, _ = run(capsys, *base[:-1], "--as-placed")
     assert code == 0 and "as placed" in text
-    code, _, err = run(capsys, "evaluate", "--data", datasets["learnable"], "--as-placed")
-    assert code == 2 and "lacks the single-device floor" in err
-    assert err.strip().count("\n") == 0
+    for pooled in ([], ["bundled:greedy"]):  # pooled: its rows, not the others, lack it
+        code, _, err = run(capsys, "evaluate", "--data", *pooled, datasets["learnable"],
+                           "--as-placed")
+        assert code == 2 and err.strip().count("\n") == 0
+        assert (f"{datasets['learnable']!r}: no column single_device_us, "
+                f"single_device_feasible (a dataset of an older travorder") in err
+    code, _, err = run(capsys, "evaluate", "--data", str(fixed), "--test-data",
+                       datasets["learnable"], "--as-placed")
+    assert code == 2 and "learnable" in err and "no column single_device_us" in err
 
 
 def test_evaluate_with_test_data_breaks_the_result_down(capsys, datasets, tmp_path):

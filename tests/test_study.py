@@ -789,6 +789,12 @@ def test_a_folder_is_no_dataset(tmp_path):
     (tmp_path / "d.parquet").mkdir()  # once "no such dataset"
     with pytest.raises(FormatError, match=r"d.parquet' is a folder, not a dataset file"):
         load_dataset(tmp_path / "d.parquet")
+    (tmp_path / "runs").mkdir()  # once "the dataset file must end in .parquet, ..."
+    with pytest.raises(FormatError, match=r"runs' is a folder, not a dataset file"):
+        load_dataset(tmp_path / "runs")
+    with pytest.raises(FormatError, match=r"runs' is a folder, not a result store or a "
+                                          r"dataset file \(a study's .sqlite, .parquet"):
+        read_sources([tmp_path / "runs"])
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -37,7 +37,7 @@ from travorder.predictor.model import (
     tie_ranking,
 )
 from travorder.predictor.structure import BLOCKS, order_splits, order_statistics
-from travorder.study.export import as_placed, dataset_orders, read_sources
+from travorder.study.export import FLOOR_COLUMNS, as_placed, dataset_orders, read_sources
 
 if TYPE_CHECKING:  # torch and torch-geometric are imported only to train the network
     from travorder.predictor.gnn import TrainedGNN
@@ -129,7 +129,9 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
     if folds is not None and folds < 2:
         raise TravorderError(f"--folds must be at least 2, got {folds}")
     _check_corpus(corpus_dir)
-    frame = _placer_rows(read_sources(sources), placer)
+    floor = FLOOR_COLUMNS if placed else ()  # of the rows scored: a pooled source lacks it
+    frame = _placer_rows(read_sources(sources, required=() if test_sources else floor),
+                         placer)
     data = _design_matrix(frame, progress, folds)
     test = None
     if test_sources:
@@ -137,7 +139,7 @@ def evaluate_sources(sources: Sequence[str | os.PathLike[str]],
             raise TravorderError("--test-data takes the order statistics and splits, not the "
                                  "graph network (its columns are held out within one "
                                  "dataset)")
-        test = design_matrix(_placer_rows(read_sources(test_sources),
+        test = design_matrix(_placer_rows(read_sources(test_sources, required=floor),
                                           str(frame["placer"].iloc[0]), "test data"),
                              data.orders)
     extra = structure_columns(data, structure, folds, corpus_dir,

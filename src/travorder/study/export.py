@@ -202,6 +202,10 @@ def _row_summary(rec: dict[str, Any], orders: list[str], groups: list[list[str]]
                     rec.get("single_device_us", np.nan), single_ok, rel_tol)
 
 
+#: The columns of the single-device floor, which `as_placed` needs.
+FLOOR_COLUMNS = ("single_device_us", "single_device_feasible")
+
+
 def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
     """``data`` as `travorder.place` hands placements back: with the single-device floor.
 
@@ -224,8 +228,7 @@ def as_placed(data: Any, rel_tol: float = REL_TOL) -> Any:
     >>> float(r["time_b"]), r["best_order"], round(float(r["gap_worst"]), 3)
     (100.0, 'a', 0.111)
     """
-    missing = [c for c in ("single_device_us", "single_device_feasible")
-               if c not in data.columns]
+    missing = [c for c in FLOOR_COLUMNS if c not in data.columns]
     if missing:
         raise TravorderError(f"dataset lacks the single-device floor ({missing[0]!r}); "
                              "export it again from its result store")
@@ -348,10 +351,10 @@ def load_dataset(path: str | os.PathLike[str]) -> Any:
     import pandas as pd
 
     path = Path(path)
-    kind = _kind(path)
     if path.is_dir():
         raise FormatError(f"{str(path)!r} is a folder, not a dataset file (a study's "
                           f".parquet or .csv)")
+    kind = _kind(path)
     if not path.is_file():
         check_regular(path, "dataset file")
         raise FormatError(f"no such dataset {str(path)!r}")
@@ -557,6 +560,9 @@ def read_sources(sources: Sequence[str | os.PathLike[str]], study: str | None = 
             frames.append(bundled_dataset(str(src).split(":", 1)[1]))
         elif is_store(p):
             frames.append(dataset_frame(p, study=study))
+        elif p.is_dir():
+            raise FormatError(f"{str(src)!r} is a folder, not a result store or a dataset "
+                              f"file (a study's .sqlite, .parquet or .csv)")
         else:
             frames.append(load_dataset(p))
         if missing := [c for c in required if c not in frames[-1].columns]:
