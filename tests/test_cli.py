@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import onnx
@@ -1128,6 +1129,32 @@ def test_sigterm_runs_the_clean_ups_and_exits_143(capsys):
     before = signal.getsignal(signal.SIGTERM)
     assert _run(killed, None) == 143 and cleaned == [True]
     assert capsys.readouterr().err == "terminated\n" and signal.getsignal(signal.SIGTERM) == before
+
+
+def test_a_second_sigterm_right_after_the_first_does_not_break_the_clean_up(capsys,
+                                                                           monkeypatch):
+    import signal
+
+    import travorder.cli
+    from travorder.cli import _run
+
+    cleaned = []
+
+    def killed_twice(args):  # `timeout` signals the process, then its group: two SIGTERMs
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        finally:
+            os.kill(os.getpid(), signal.SIGTERM)
+            sum(range(1000))  # where the second one lands
+            cleaned.append(True)
+
+    assert _run(killed_twice, None) == 143 and cleaned == [True]
+    assert capsys.readouterr().err == "terminated\n"
+    cleaned.clear()
+    monkeypatch.setattr(travorder.cli, "_SAME_STOP_S", 0.0)  # a later one stops it again
+    assert _run(killed_twice, None) == 143 and cleaned == []
+    assert capsys.readouterr().err == "terminated\n"
 
 
 def test_an_interrupt_lost_in_a_callback_still_stops_the_command(capsys):

@@ -401,6 +401,29 @@ def test_a_failing_job_is_stored_and_the_study_goes_on(tmp_path, monkeypatch):
         assert st.status()["failed"] == 0 and st.status()["done"] == 12
 
 
+def test_a_graph_whose_costs_overflow_leaves_no_store_and_no_pending_run(tmp_path):
+    import warnings
+
+    huge = tmp_path / "huge.json"  # a profiled graph of three ops of 1e304 ms each
+    huge.write_text(json.dumps({
+        "nodes": [{"id": i, "fpgaLatency": 1e304, "size": 10.0} for i in range(3)],
+        "edges": [{"sourceId": 0, "destId": 1}, {"sourceId": 1, "destId": 2}]}))
+    bad, store = spec(graphs={"files": [str(huge)]}), tmp_path / "s.sqlite"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's overflow warnings once came first
+        with pytest.raises(TravorderError, match="'huge' on cluster 'k80x3': its op and "
+                                                 "transfer times add up to more than a"):
+            run_study(bad, store, progress=False)
+    assert list(tmp_path.iterdir()) == [huge]  # once a store with a pending run
+    run_study(spec(), store, progress=False)
+    with ResultStore(store) as st:
+        before = st.status()
+    with pytest.raises(TravorderError, match="add up to more than a float holds"):
+        run_study(bad, store, progress=False)
+    with ResultStore(store) as st:  # the finished study kept, no run of the bad one
+        assert st.status() == before
+
+
 def test_runner_argument_errors(tmp_path):
     with pytest.raises(TravorderError, match="unknown backend 'dask'"):
         run_study(spec(), tmp_path / "s.sqlite", backend="dask")
@@ -1026,6 +1049,36 @@ def test_report_includes_the_predictor_evaluation(tmp_path, capsys):
     err = capsys.readouterr().err  # progress, as train's, on stderr
     assert "evaluating the predictor on the greedy rows (6)" in err
     assert "ranker: fold 3/3 (holding out rnn)" in err
+
+
+def test_ctrl_c_inside_compiled_code_is_an_interrupt_not_a_failed_job(tmp_path,
+                                                                      monkeypatch):
+    import travorder.study.jobs as jobs
+
+    real, calls = jobs.run_job, []
+
+    def run_job(*args):  # the fifth job (of the second graph) is interrupted in numba's code
+        calls.append(1)
+        if len(calls) == 5:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt as exc:
+                raise SystemError("returned a result with an exception set") from exc
+        return real(*args)
+
+    monkeypatch.setattr(jobs, "run_job", run_job)
+    store = tmp_path / "s.sqlite"
+    summary = run_study(spec(), store, progress=False)
+    assert summary.interrupted and (summary.done, summary.failed) == (4, 0)
+    with ResultStore(store) as st:  # once a failed job holding the SystemError
+        assert (st.status()["done"], st.status()["failed"]) == (4, 0)
+        assert summary.pending == 8 == st.status()["studies"][0]["pending"]
+    calls.clear()
+    monkeypatch.setattr(jobs, "run_job", lambda *a: 1 / 0)  # a job that fails: not pending
+    summary = run_study(spec(), store, progress=False)
+    with ResultStore(store) as st:  # as status counts them (the summary once said 8)
+        assert (summary.failed, summary.pending, st.status()["studies"][0]["pending"]) == (
+            8, 0, 0)
 
 
 @pytest.mark.slow

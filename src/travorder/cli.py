@@ -13,6 +13,7 @@ import errno
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -1046,8 +1047,12 @@ class _Terminated(BaseException):
     reader might catch."""
 
 
-#: The signals received while a command runs (`_run`).
-_SIGNALLED: list[int] = []
+#: The signals received while a command runs (`_run`), and when (`time.monotonic`).
+_SIGNALLED: list[tuple[int, float]] = []
+#: A second signal this soon after one is the same stop (`timeout` signals the process
+#: and then its group: two SIGTERMs), not one that should break the first one's clean-up.
+_SAME_STOP_S = 1.0
+_stopping = False  # `_run` is reporting the stop, or the command returned
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -1056,8 +1061,11 @@ def _on_signal(signum: int, frame: Any) -> None:
     `_run` raises it again when the command returns."""
     import signal
 
-    _SIGNALLED.append(signum)
-    raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
+    now = time.monotonic()
+    again = bool(_SIGNALLED) and now - _SIGNALLED[-1][1] < _SAME_STOP_S
+    _SIGNALLED.append((signum, now))
+    if not (again or _stopping):
+        raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
 
 
 def _quiet_unraisable(hook: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -1090,19 +1098,23 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.signal(s, _on_signal) for s in signals} if main_thread else {}
     hook, sys.unraisablehook = sys.unraisablehook, _quiet_unraisable(sys.unraisablehook)
+    global _stopping
     _SIGNALLED.clear()
+    _stopping = False
     try:
         code = func(args)
         sys.stdout.flush()  # a full disk under `> out.txt` shows here, not at exit
         if _SIGNALLED and not code:  # an interrupt a callback lost: the command was stopped
-            raise KeyboardInterrupt if _SIGNALLED[-1] == signal.SIGINT else _Terminated
+            raise KeyboardInterrupt if _SIGNALLED[-1][0] == signal.SIGINT else _Terminated
     except TravorderError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
+        _stopping = True
         print("interrupted", file=sys.stderr)
         return 130
     except _Terminated:
+        _stopping = True
         print("terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
@@ -1117,6 +1129,7 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     finally:
+        _stopping = True  # a signal now, as the handlers are put back, is only recorded
         sys.unraisablehook = hook
         for s, handler in previous.items():
             signal.signal(s, signal.SIG_DFL if handler is None else handler)

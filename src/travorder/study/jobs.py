@@ -158,9 +158,35 @@ def run_job_safely(job: Job, graph: OpGraph, cluster: Cluster) -> tuple[Job, dic
     start = time.perf_counter()
     try:
         return job, run_job(job, graph, cluster)
-    except Exception:
+    except Exception as exc:
+        if (stop := _interrupt_in(exc)) is not None:
+            raise stop from None  # Ctrl-C stops the run; it is not the job's failure
         return job, {"status": "failed", "error": traceback.format_exc(limit=8).strip(),
                      "wall_s": time.perf_counter() - start, "versions": library_versions()}
+
+
+def _interrupt_in(exc: BaseException) -> BaseException | None:
+    """The interrupt (KeyboardInterrupt, or another exception that is not an `Exception`)
+    that ``exc`` was raised in handling, if any: numba's compiled code turns a Ctrl-C
+    landing in it into a SystemError caused by the KeyboardInterrupt.
+
+    >>> try:
+    ...     try:
+    ...         raise KeyboardInterrupt
+    ...     except KeyboardInterrupt as k:
+    ...         raise SystemError("returned a result with an exception set") from k
+    ... except SystemError as e:
+    ...     type(_interrupt_in(e)).__name__, _interrupt_in(ValueError())
+    ('KeyboardInterrupt', None)
+    """
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if not isinstance(link, Exception):
+            return link
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return None
 
 
 def run_jobs_safely(jobs: list[Job], graph: OpGraph, cluster: Cluster

@@ -71,8 +71,9 @@ class StudySummary:
 
     @property
     def pending(self) -> int:
-        """Jobs of the spec still to run (not done, or failed in this run)."""
-        return self.total - self.skipped - self.done
+        """Jobs of the spec neither done nor failed (as `travorder study status` counts
+        them; failed ones run again on the next run too)."""
+        return self.total - self.skipped - self.ran
 
 
 def _preflight(spec: StudySpec, graphs: list[OpGraph]) -> None:
@@ -101,8 +102,8 @@ def _prepare_one(spec: StudySpec, graph: OpGraph, scenario: Scenario
 
     prepared = spec.prepare(graph, scenario)
     clusters = [scenario.cluster_for(prepared, c) for c in spec.clusters]
-    return (prepared, graph_features(prepared),
-            [(c, features_of(prepared, c)) for c in clusters])
+    pairs = [(c, features_of(prepared, c)) for c in clusters]  # costs past a float: refused
+    return prepared, graph_features(prepared), pairs
 
 
 def _prepare(spec: StudySpec, graphs: list[OpGraph], store: ResultStore,
@@ -335,54 +336,64 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
     graphs = spec.select_graphs()
     all_jobs = spec_jobs(spec, graphs)
     _preflight(spec, graphs)  # before the store is touched: a bad spec leaves nothing behind
-    with contextlib.ExitStack() as cleanup:
-        if backend == "loky":
-            cleanup.callback(_shutdown_loky)
-        # No Ray: no store either; and no Ray started when every job is done already.
-        if backend == "ray" and not _all_done(store_path, all_jobs) and _start_ray(
-                jobs, address):
-            cleanup.callback(sys.modules["ray"].shutdown)
-        store = cleanup.enter_context(ResultStore(store_path))
-        cleanup.enter_context(_sole_writer(store.path))
-        _check_scenario_names(spec, scenario_definitions(store.connection, str(store_path)),
-                              store_path)
-        store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs, spec.clusters)
-        done_before = store.done_ids()
-        todo = [j for j in all_jobs if j.job_id not in done_before]
-        known = store.graph_keys()
-        wanted = {(j.graph_name, j.scenario) for j in todo}
-        wanted |= {(g.name, s.name) for g in graphs for s in spec.scenarios
-                   if (g.graph_hash, g.name, s.name, int(spec.training),
-                       spec.coarsen_max_nodes) not in known}
-        prepared, clusters = _prepare(spec, graphs, store, wanted, jobs, progress)
-        # The store keeps the cluster each job ran on (as its scenario set it).
-        todo = [dataclasses.replace(j, cluster_hash=cluster_hash(_inputs(
-            j, prepared, clusters)[1])) for j in todo]
-        # Largest graphs first, so that the last jobs to finish are short ones.
-        todo.sort(key=lambda j: -prepared[j.graph_name, j.scenario].n_nodes)
-        skipped = len(all_jobs) - len(todo)
-        done = failed = 0
-        interrupted = False
-        with progress_bar(progress) as bar:
-            task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
-                                detail="failed 0")
-            t0 = time.perf_counter()
-            results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
-                       else _run_ray(todo, prepared, clusters))
-            try:
-                for chunk in results:
-                    for job, outcome in chunk:
-                        store.record(job, outcome)
-                        if outcome["status"] == "done":
-                            done += 1
-                        else:
-                            failed += 1
-                    rate = (done + failed) / max(time.perf_counter() - t0, 1e-9)
-                    bar.update(task, advance=len(chunk),
-                               detail=f"failed {failed}, {rate:.2f} jobs/s")
-            except KeyboardInterrupt:
-                interrupted = True
-            finally:
-                results.close()
+    made, owned = not os.path.lexists(store_path), False
+    try:
+        with contextlib.ExitStack() as cleanup:
+            if backend == "loky":
+                cleanup.callback(_shutdown_loky)
+            # No Ray: no store either; and no Ray started when every job is done already.
+            if backend == "ray" and not _all_done(store_path, all_jobs) and _start_ray(
+                    jobs, address):
+                cleanup.callback(sys.modules["ray"].shutdown)
+            store = cleanup.enter_context(ResultStore(store_path))
+            cleanup.enter_context(_sole_writer(store.path))
+            owned = made  # made by this run, which holds its lock
+            _check_scenario_names(
+                spec, scenario_definitions(store.connection, str(store_path)), store_path)
+            done_before = store.done_ids()
+            todo = [j for j in all_jobs if j.job_id not in done_before]
+            known = store.graph_keys()
+            wanted = {(j.graph_name, j.scenario) for j in todo}
+            wanted |= {(g.name, s.name) for g in graphs for s in spec.scenarios
+                       if (g.graph_hash, g.name, s.name, int(spec.training),
+                           spec.coarsen_max_nodes) not in known}
+            prepared, clusters = _prepare(spec, graphs, store, wanted, jobs, progress)
+            store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs,
+                            spec.clusters)  # once every graph is prepared: no job before
+            owned = False
+            # The store keeps the cluster each job ran on (as its scenario set it).
+            todo = [dataclasses.replace(j, cluster_hash=cluster_hash(_inputs(
+                j, prepared, clusters)[1])) for j in todo]
+            # Largest graphs first, so that the last jobs to finish are short ones.
+            todo.sort(key=lambda j: -prepared[j.graph_name, j.scenario].n_nodes)
+            skipped = len(all_jobs) - len(todo)
+            done = failed = 0
+            interrupted = False
+            with progress_bar(progress) as bar:
+                task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
+                                    detail="failed 0")
+                t0 = time.perf_counter()
+                results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
+                           else _run_ray(todo, prepared, clusters))
+                try:
+                    for chunk in results:
+                        for job, outcome in chunk:
+                            store.record(job, outcome)
+                            if outcome["status"] == "done":
+                                done += 1
+                            else:
+                                failed += 1
+                        rate = (done + failed) / max(time.perf_counter() - t0, 1e-9)
+                        bar.update(task, advance=len(chunk),
+                                   detail=f"failed {failed}, {rate:.2f} jobs/s")
+                except KeyboardInterrupt:
+                    interrupted = True
+                finally:
+                    results.close()
+    except TravorderError:  # a graph that cannot be prepared (its costs past a float)
+        if owned:  # nothing ran: no store left behind
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{store_path}{suffix}").unlink(missing_ok=True)
+        raise
     return StudySummary(spec.name, spec.spec_hash, len(all_jobs), skipped, done + failed,
                         done, failed, interrupted, time.perf_counter() - start)
