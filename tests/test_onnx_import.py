@@ -3,6 +3,8 @@ per-op FLOPs rules, unknown shapes, external data, control flow and bad files.""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx
 import pytest
@@ -290,6 +292,44 @@ def test_op_without_rule_is_costed_and_reported():
     assert g.meta["unrated_op_types"] == {"Det": 1}
 
 
+def test_onnxruntime_packed_attention_has_its_own_rule():
+    # com.microsoft Attention: x (2, 16, 64), one packed Q/K/V weight (64, 192), 4 heads;
+    # once read as ONNX's Attention (the weight as K: 1.6 MFLOP, no warning)
+    node = helper.make_node("Attention", ["x", "w", "b"], ["y"], name="att",
+                            domain="com.microsoft", num_heads=4)
+    model = model_of([node], [value("x", [2, 16, 64])], [value("y", [2, 16, 64])],
+                     [weight("w", (64, 192)), weight("b", (192,))], domains=["com.microsoft"])
+    g = read_onnx(model)
+    scores = 2 * 4 * 16 * 16  # batch, heads, queries, keys
+    assert g.flops.tolist() == [2 * 32 * 64 * 192 + 32 * 192 + scores * (2 * 16 + 2 * 16 + 5)]
+    assert g.meta["unrated_op_types"] == {} and g.meta["n_unknown_shape_ops"] == 0
+
+
+@pytest.mark.parametrize(("op", "inputs", "attrs", "opset", "error"), [
+    ("Gemm", [("a", [4]), ("b", [4, 5])], {}, 17, "IndexError"),
+    ("MatMul", [("a", []), ("b", [4, 5])], {}, 17, "IndexError"),
+    ("Attention", [("q", [1, 8, 32]), ("k", [1, 10, 32]), ("v", [1, 10, 32])],
+     {"q_num_heads": 0, "kv_num_heads": 0}, 23, "ZeroDivisionError"),
+])
+def test_shapes_an_op_does_not_take_are_one_error_naming_the_node(op, inputs, attrs, opset,
+                                                                  error):
+    # shape inference, not strict, lets them through; the rules once raised a traceback
+    model = one_op(op, inputs, [1, 5], attrs, opset=opset)
+    given = ", ".join(str(shape) for _, shape in inputs)
+    with pytest.raises(FormatError, match=rf"node 'op' \({op}\): its inputs of shapes "
+                                          rf"{re.escape(given)} or its attributes are not "
+                                          rf"what {op} takes \({error}"):
+        read_onnx(model)
+
+
+def test_a_tensor_of_more_elements_than_a_float_counts_is_refused():
+    model = model_of([helper.make_node("Relu", ["x"], ["y"], name="relu")],
+                     [value("x", [2**62] * 18)], [value("y", [2**62] * 18)])
+    with pytest.raises(FormatError, match="tensor 'y' has more elements than a float counts "
+                                          r"\(its 18 dimensions multiply past 1e308\)"):
+        read_onnx(model)
+
+
 # ---------------------------------------------------------------- edges and params
 def test_edges_merge_tensors_per_pair_and_count_each_tensor_once():
     model = model_of(
@@ -406,6 +446,22 @@ def test_external_data_missing_still_loads_weight_shapes(tmp_path):
     g = read_onnx(path)
     assert g.param_bytes.sum() == reference.param_bytes.sum() > 0
     assert np.array_equal(g.flops, reference.flops)
+
+
+def test_a_shape_tensor_in_the_data_file_is_read_for_shape_inference(tmp_path):
+    model = model_of([helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape"),
+                      helper.make_node("MatMul", ["r", "w"], ["y"], name="mm")],
+                     [value("x", [2, 3, 4])], [value("y", None)],
+                     [numpy_helper.from_array(np.array([6, 4], np.int64), "shape"),
+                      weight("w", (4, 16))])
+    reference, path = read_onnx(model), tmp_path / "m.onnx"
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True,
+              location="m.data", size_threshold=0)
+    g = read_onnx(path)  # once 0 FLOPs: the shape was external, so both ops unknown
+    assert g.meta["n_unknown_shape_ops"] == 0 and by_name(g, "flops")["mm"] == 2 * 6 * 16 * 4
+    assert np.array_equal(g.flops, reference.flops)
+    (tmp_path / "m.data").unlink()  # without it: unknown, and reported
+    assert read_onnx(path).meta["unknown_shape_ops"] == ["reshape", "mm"]
 
 
 def test_in_memory_weights_are_left_untouched():

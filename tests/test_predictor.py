@@ -1120,10 +1120,30 @@ def test_orders_slower_than_one_device_are_tied_at_the_placement_written(capsys,
     assert doc["placement"]["fallback"] and step == pytest.approx(doc["single_device_us"])
 
 
+def test_ops_without_a_flops_rule_are_a_warning(model_dir, tmp_path, capsys):
+    from onnx import TensorProto, helper
+
+    from travorder.cli import main
+
+    det = [helper.make_node("Det", ["x"], [f"d{i}"], name=f"det{i}") for i in range(2)]
+    graph = helper.make_graph(
+        [*det, helper.make_node("Add", ["d0", "d1"], ["y"], name="add")], "dets",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    path = tmp_path / "dets.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    rec = recommend_order(str(path), "k80x3", predictor=model_dir)
+    assert rec.warnings[0] == ("2 of 3 ops are of types without a FLOPs rule (Det x2), "
+                               "costed at 1 FLOP per output element")
+    assert main(["info", str(path)]) == 0  # once listed by nothing but the meta
+    assert "ops without a FLOPs rule │ 2 (Det x2): 1 FLOP per output element each" in \
+        capsys.readouterr().out
+
+
 def test_ops_of_unknown_shape_are_a_warning(model_dir, tmp_path):
     path = save_dynamic_model(tmp_path / "dynamic.onnx")
     rec = recommend_order(path, "k80x3", predictor=model_dir)
-    assert rec.warnings[0] == ("2 of 2 ops have inputs of unknown shape and are costed as "
+    assert rec.warnings[0] == ("2 of 2 ops have tensors of unknown shape and are costed as "
                                "no work (symbolic dimensions: batch; bind them with "
                                "--dim batch=N (dims={'batch': N} in Python))")
     assert rec.confidence == "low"

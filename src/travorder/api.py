@@ -225,12 +225,20 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
     if rules and c.semantics not in rules:  # no feature holds the rules: warn here
         warnings.insert(0, f"cluster {c.name!r} is simulated by {c.semantics}'s rules; "
                            f"the model learned under {', '.join(sorted(rules))}'s")
+    if unrated := g.meta.get("unrated_op_types"):
+        from travorder.graph.onnx_import import describe_unrated  # an ONNX model's: loaded
+
+        warnings.insert(0, f"{sum(unrated.values())} of {g.n_nodes} ops are of types without "
+                           f"a FLOPs rule ({describe_unrated(unrated)}), costed at 1 FLOP per "
+                           f"output element")
     if unknown := g.meta.get("n_unknown_shape_ops", 0):
         symbolic = g.meta.get("symbolic_dims") or []
-        warnings.insert(0, f"{unknown} of {g.n_nodes} ops have inputs of unknown shape and "
-                           f"are costed as no work" + (
+        warnings.insert(0, f"{unknown} of {g.n_nodes} ops have tensors of unknown shape "
+                           f"and are costed as no work" + (
                                f" (symbolic dimensions: {', '.join(symbolic)}; "
-                               f"{bind_hint(symbolic)})" if symbolic else ""))
+                               f"{bind_hint(symbolic)})" if symbolic else
+                               " (ops shape inference does not know, or shapes computed "
+                               "from data the model file does not hold)"))
     learned_from = manifest.get("placer", placer)
     if learned_from != placer:
         from travorder.placement.placers import get_placer  # numba: off the common path

@@ -132,6 +132,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 
     from travorder.graph import training_graph
     from travorder.graph.batch import bind_hint
+    from travorder.graph.onnx_import import describe_unrated
 
     g = _load(args.model, args.dims)
     info = {
@@ -148,6 +149,7 @@ def cmd_info(args: argparse.Namespace) -> None:
         # what the placers and recommend-order work on: the training step
         "training_step_nodes": training_graph(g).n_nodes,
         "unknown_shape_ops": list(g.meta.get("unknown_shape_ops") or []),
+        "unrated_op_types": dict(g.meta.get("unrated_op_types") or {}),
         "symbolic_dims": list(g.meta.get("symbolic_dims") or []),
         "dims": dict(g.meta.get("dims") or {}),
         "batch_size": g.meta.get("batch_size"),
@@ -188,6 +190,10 @@ def cmd_info(args: argparse.Namespace) -> None:
         f"{len(unknown)}" + (f" ({', '.join(unknown[:5])}{', ...' if len(unknown) > 5 else ''})"
                              if unknown else ""),
     )
+    if unrated := info["unrated_op_types"]:
+        table.add_row("ops without a FLOPs rule",
+                      f"{sum(unrated.values())} ({describe_unrated(unrated)}): 1 FLOP per output "
+                      f"element each")
     if args.features:
         table.add_row("[bold]features[/bold]", f"schema v{info['feature_schema_version']}")
         for k, v in info["features"].items():

@@ -39,8 +39,11 @@ Conventions (one multiply-add = 2 FLOPs; ``numel(T)`` = number of elements of ``
 Any other op type has no rule: it is costed at 1 FLOP per output element and
 :func:`has_flops_rule` says so, so an importer can report it.
 
-Rules look ops up by ``op_type`` only, whatever the domain, so the onnxruntime
-contrib forms (``FusedMatMul``, ``FastGelu``, ``SkipLayerNormalization``, ...) share them.
+Rules look ops up by ``op_type``, whatever the domain, so the onnxruntime contrib forms
+(``FusedMatMul``, ``FastGelu``, ``SkipLayerNormalization``, ...) share them; an op that a
+domain defines with other inputs has its own rule (`DOMAIN_RULES`): onnxruntime's
+``com.microsoft`` **Attention** takes ``x`` and one packed Q/K/V weight, and costs its
+projection (``2 * numel(x) * W.shape[1]``, plus the bias) and then the attention as above.
 
 >>> from onnx import helper
 >>> node = helper.make_node("MatMul", ["a", "b"], ["y"])
@@ -148,6 +151,21 @@ def _attention(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
     return float(scores * (2 * head_qk + 2 * head_v + 5 + _has_input(node, 3)))
 
 
+def _packed_attention(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
+    """onnxruntime's ``com.microsoft`` Attention: ``x`` (batch, seq, hidden) projected to
+    Q, K and V by one packed weight (hidden, q + k + v), then attention over
+    ``num_heads`` heads (past keys of shape (2, batch, heads, past, head_size))."""
+    x, w = _shape(ins, 0), _shape(ins, 1)
+    sizes = _attr(node, "qkv_hidden_sizes", None) or [w[1] // 3] * 3
+    heads = _attr(node, "num_heads", 1)
+    rows = math.prod(x[:-1])
+    kv_len = x[1] + (_shape(ins, 4)[3] if _has_input(node, 4) else 0)
+    project = 2 * rows * x[-1] * w[1] + (rows * w[1] if _has_input(node, 2) else 0)
+    scores = rows * heads * kv_len
+    return float(project + scores * (2 * sizes[0] // heads + 2 * sizes[2] // heads + 5
+                                     + _has_input(node, 3)))
+
+
 # ---------------------------------------------------------------- per element
 def _per_output(flops_per_element: float) -> _Rule:
     def rule(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
@@ -248,9 +266,21 @@ for _rule, _ops in [(_per_output(1), f"{_UNARY_1} {_BINARY_1}"),
     RULES.update(dict.fromkeys(_ops.split(), _rule))
 
 
-def has_flops_rule(op_type: str) -> bool:
-    """Whether ``op_type`` has a FLOPs rule (others cost 1 FLOP per output element)."""
-    return op_type in RULES
+#: The rules of ops that a domain defines otherwise than ONNX does (same op type, other
+#: inputs), by ``(domain, op_type)``; they come before `RULES`.
+DOMAIN_RULES: dict[tuple[str, str], _Rule] = {
+    ("com.microsoft", "Attention"): _packed_attention,
+}
+
+
+def _rule_of(op_type: str, domain: str) -> _Rule | None:
+    return DOMAIN_RULES.get((domain, op_type)) or RULES.get(op_type)
+
+
+def has_flops_rule(op_type: str, domain: str = "") -> bool:
+    """Whether ``op_type`` (of ``domain``) has a FLOPs rule (others cost 1 FLOP per
+    output element)."""
+    return _rule_of(op_type, domain) is not None
 
 
 def node_flops(node: NodeProto, in_shapes: Shapes, out_shapes: Shapes) -> float | None:
@@ -258,7 +288,7 @@ def node_flops(node: NodeProto, in_shapes: Shapes, out_shapes: Shapes) -> float 
     shape is unknown or an optional tensor is absent), or ``None`` when a shape the
     rule needs is unknown.
     """
-    rule = RULES.get(node.op_type)
+    rule = _rule_of(node.op_type, node.domain)
     try:
         if rule is None:
             return float(sum(math.prod(_shape(out_shapes, i))
@@ -268,4 +298,4 @@ def node_flops(node: NodeProto, in_shapes: Shapes, out_shapes: Shapes) -> float 
         return None
 
 
-__all__ = ["RULES", "has_flops_rule", "node_flops"]
+__all__ = ["DOMAIN_RULES", "RULES", "has_flops_rule", "node_flops"]

@@ -1,7 +1,9 @@
 """Import an ONNX model as an :class:`~travorder.graph.OpGraph`.
 
 The model is loaded without its external data (a ``.onnx`` file keeps the shapes of its
-weights even when the ``.data`` file next to it is missing), its shapes are inferred
+weights even when the ``.data`` file next to it is missing; of a ``.data`` file that is
+there, only the small integer tensors that data propagation reads, shapes and axes, are
+read), its shapes are inferred
 with :func:`onnx.shape_inference.infer_shapes` (with data propagation, so shapes
 computed by ``Shape -> Gather -> Concat`` chains resolve, and shapes the model already
 records in ``value_info``, e.g. an exporter's for custom ops, are kept), and then:
@@ -48,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import onnx
+import onnx.external_data_helper
 import onnx.inliner
 from google.protobuf.message import DecodeError
 from onnx import AttributeProto, GraphProto, ModelProto, NodeProto, TensorProto, helper
@@ -64,6 +67,8 @@ OnnxSource = str | os.PathLike[str] | bytes | ModelProto
 # copying weights is slow, and protobuf refuses messages over 2 GB.
 _STRIP_ELEMENTS = 1024
 _SUBGRAPH_TYPES = (AttributeProto.GRAPH, AttributeProto.GRAPHS)
+#: The element types of shape and axes tensors.
+_SHAPE_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32})
 _SUB_BYTE_BITS = {getattr(TensorProto, t): bits for t, bits in (
     ("INT4", 4), ("UINT4", 4), ("FLOAT4E2M1", 4), ("INT2", 2), ("UINT2", 2))
     if hasattr(TensorProto, t)}
@@ -81,8 +86,10 @@ def read_onnx(
     (recorded as ``meta["dims"]``).
 
     Raises :class:`FormatError` (one line) for a file that is missing, empty, not an
-    ONNX model, without nodes (or with Constants only), with control-flow subgraphs, or
-    declaring a tensor of an undefined element type or a negative size, and
+    ONNX model, without nodes (or with Constants only), with control-flow subgraphs,
+    declaring a tensor of an undefined element type or a negative size, with a node whose
+    input shapes or attributes its op does not take, or a tensor of more elements than a
+    float counts, and
     :class:`~travorder.errors.GraphError` for a cyclic graph.
     """
     model, where = _load(source)
@@ -197,7 +204,9 @@ def _infer_shapes(
     # shape inference ignores sparse initializers: give it dense stubs
     stubs = [(t.values.name, t.values.data_type, t.dims) for t in src.sparse_initializer]
     for t in src.initializer:
-        if t.data_location == TensorProto.EXTERNAL or math.prod(t.dims) <= _STRIP_ELEMENTS:
+        if t.data_location == TensorProto.EXTERNAL:
+            g.initializer.append(_with_shape_data(t, where))
+        elif math.prod(t.dims) <= _STRIP_ELEMENTS:
             g.initializer.append(t)
         else:
             stubs.append((t.name, t.data_type, t.dims))
@@ -225,6 +234,23 @@ def _infer_shapes(
     except onnx.shape_inference.InferenceError as exc:
         raise FormatError(f"{where}: ONNX shape inference failed: {first_line(exc)}") from None
     return inferred, sorted(declared - set(dims))
+
+
+def _with_shape_data(tensor: TensorProto, where: str) -> TensorProto:
+    """``tensor`` (of external data) with its values read from the data file next to the
+    model ``where``, when it is a small integer tensor (a shape or axes, which data
+    propagation reads) and the file holds it; else as it is (its values unknown)."""
+    if (where == IN_MEMORY or tensor.data_type not in _SHAPE_TYPES
+            or math.prod(tensor.dims) > _STRIP_ELEMENTS):
+        return tensor
+    loaded = TensorProto()
+    loaded.CopyFrom(tensor)
+    try:
+        onnx.external_data_helper.load_external_data_for_tensor(
+            loaded, str(Path(where).parent))
+    except (OSError, ValueError, onnx.checker.ValidationError):  # missing, out of bounds
+        return tensor
+    return loaded
 
 
 def _tensor_info(inferred: GraphProto, graph: GraphProto) -> dict[str, tuple[int, Shape | None]]:
@@ -316,7 +342,14 @@ def _build(graph: GraphProto, info: dict[str, tuple[int, Shape | None]], params:
     def nbytes(t: str) -> float | None:
         s = shape(t)
         size = _itemsize(info[t][0]) if s is not None else None
-        return None if size is None else math.prod(s) * size
+        if size is None:
+            return None
+        try:
+            return math.prod(s) * size
+        except OverflowError:  # an int of more than 1024 bits
+            raise FormatError(f"{meta['source']}: tensor {t!r} has more elements than a "
+                              f"float counts (its {len(s)} dimensions multiply past "
+                              f"1e308)") from None
 
     flops, out_bytes, param_bytes, unknown = [], [], [], []
     unrated: Counter[str] = Counter()
@@ -324,10 +357,17 @@ def _build(graph: GraphProto, info: dict[str, tuple[int, Shape | None]], params:
     params_seen: set[str] = set()
     for v, (_, node) in enumerate(ops):
         outs = [nbytes(t) for t in node.output if t]
-        f = node_flops(node, [shape(t) for t in node.input], [shape(t) for t in node.output])
+        in_shapes = [shape(t) for t in node.input]
+        try:
+            f = node_flops(node, in_shapes, [shape(t) for t in node.output])
+        except (ArithmeticError, IndexError, ValueError) as exc:  # shapes ONNX's op refuses
+            given = ", ".join("?" if x is None else str(list(x)) for x in in_shapes)
+            raise FormatError(f"{meta['source']}: node {names[v]!r} ({node.op_type}): its "
+                              f"inputs of shapes {given} or its attributes are not what "
+                              f"{node.op_type} takes ({type(exc).__name__}: {exc})") from None
         if f is None or None in outs:
             unknown.append(names[v])
-        if not has_flops_rule(node.op_type):
+        if not has_flops_rule(node.op_type, node.domain):
             unrated[node.op_type] += 1
         flops.append(f or 0.0)
         out_bytes.append(sum(b or 0.0 for b in outs))
@@ -351,4 +391,14 @@ def _build(graph: GraphProto, info: dict[str, tuple[int, Shape | None]], params:
     )
 
 
-__all__ = ["OnnxSource", "read_onnx"]
+def describe_unrated(counts: Mapping[str, int]) -> str:
+    """``meta["unrated_op_types"]`` as text, the most common first.
+
+    >>> describe_unrated({"Col2Im": 1, "DeformConv": 2})
+    'DeformConv x2, Col2Im'
+    """
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(t if n == 1 else f"{t} x{n}" for t, n in ranked)
+
+
+__all__ = ["OnnxSource", "describe_unrated", "read_onnx"]
