@@ -1157,6 +1157,33 @@ def test_a_second_sigterm_right_after_the_first_does_not_break_the_clean_up(caps
     assert capsys.readouterr().err == "terminated\n"
 
 
+def test_a_second_signal_after_one_lost_in_a_callback_stops_the_command(capsys):
+    import signal
+    import weakref
+
+    from travorder.cli import _run
+
+    class Thing:
+        pass
+
+    steps = []
+
+    def lost_then_signalled_again(args):
+        thing = Thing()
+        ref = weakref.ref(thing, lambda _: os.kill(os.getpid(), signal.SIGTERM) or
+                          [sum(range(1000)) for _ in range(100)])
+        del thing  # the first SIGTERM is lost in the callback
+        assert ref() is None
+        os.kill(os.getpid(), signal.SIGTERM)  # `timeout`'s second, at once: it stops here
+        for i in range(20):
+            time.sleep(0.05)
+            steps.append(i)
+        return 0
+
+    assert _run(lost_then_signalled_again, None) == 143 and steps == []
+    assert capsys.readouterr().err == "terminated\n"
+
+
 def test_an_interrupt_lost_in_a_callback_still_stops_the_command(capsys):
     import signal
     import weakref

@@ -4,6 +4,7 @@ per-op FLOPs rules, unknown shapes, external data, control flow and bad files.""
 from __future__ import annotations
 
 import re
+import shutil
 
 import numpy as np
 import onnx
@@ -303,6 +304,16 @@ def test_onnxruntime_packed_attention_has_its_own_rule():
     scores = 2 * 4 * 16 * 16  # batch, heads, queries, keys
     assert g.flops.tolist() == [2 * 32 * 64 * 192 + 32 * 192 + scores * (2 * 16 + 2 * 16 + 5)]
     assert g.meta["unrated_op_types"] == {} and g.meta["n_unknown_shape_ops"] == 0
+    # unequal Q/K/V sizes, a mask and 10 past keys: the past lengthens the keys
+    node = helper.make_node("Attention", ["x", "w", "b", "mask", "past"], ["y"], name="att",
+                            domain="com.microsoft", num_heads=4,
+                            qkv_hidden_sizes=[96, 96, 64])
+    model = model_of([node], [value("x", [2, 16, 64]), value("mask", [2, 26]),
+                              value("past", [2, 2, 4, 10, 24])], [value("y", [2, 16, 64])],
+                     [weight("w", (64, 256)), weight("b", (256,))], domains=["com.microsoft"])
+    scores = 2 * 4 * 16 * (16 + 10)
+    assert read_onnx(model).flops.tolist() == [
+        2 * 32 * 64 * 256 + 32 * 256 + scores * (2 * 24 + 2 * 16 + 5 + 1)]
 
 
 @pytest.mark.parametrize(("op", "inputs", "attrs", "opset", "error"), [
@@ -460,6 +471,18 @@ def test_a_shape_tensor_in_the_data_file_is_read_for_shape_inference(tmp_path):
     g = read_onnx(path)  # once 0 FLOPs: the shape was external, so both ops unknown
     assert g.meta["n_unknown_shape_ops"] == 0 and by_name(g, "flops")["mm"] == 2 * 6 * 16 * 4
     assert np.array_equal(g.flops, reference.flops)
+    shutil.copy(tmp_path / "m.data", tmp_path.parent / "m.data")
+    for edit in ({"location": "../m.data"}, {"length": None}):  # outside; no length given
+        stored = onnx.load(path, load_external_data=False)
+        for t in stored.graph.initializer:
+            entries = {e.key: e.value for e in t.external_data} | edit
+            del t.external_data[:]
+            for key, v in entries.items():
+                if v is not None:
+                    t.external_data.add(key=key, value=v)
+        onnx.save(stored, tmp_path / "other.onnx")
+        assert read_onnx(tmp_path / "other.onnx").meta["n_unknown_shape_ops"] == 2, edit
+    (tmp_path.parent / "m.data").unlink()
     (tmp_path / "m.data").unlink()  # without it: unknown, and reported
     assert read_onnx(path).meta["unknown_shape_ops"] == ["reshape", "mm"]
 

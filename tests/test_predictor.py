@@ -552,6 +552,21 @@ def test_recommend_path_never_imports_torch_or_the_training_libraries(model_dir,
     assert done.returncode == 0, done.stderr
 
 
+def test_a_native_graph_is_recommended_and_described_without_onnx(model_dir, tmp_path):
+    from travorder.graph import save_graph
+
+    g = load_graph(EXAMPLES / "resnet_small.onnx")  # unrated ops, named by the warning
+    path = tmp_path / "r.json.gz"
+    save_graph(g.replace(meta={**g.meta, "unrated_op_types": {"Det": 2}}), path)
+    code = ("import sys, contextlib, io; from travorder.cli import main, recommend_main\n"
+            "with contextlib.redirect_stdout(io.StringIO()) as out:\n"
+            f"    assert recommend_main([{str(path)!r}, '--predictor', {model_dir!r}]) == 0\n"
+            f"    assert main(['info', {str(path)!r}]) == 0\n"
+            "assert 'Det x2' in out.getvalue(); assert 'onnx' not in sys.modules")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
 def test_shipped_model_recommends_a_2000_node_graph_without_torch(tmp_path):
     # The shipped model may use the order statistics or splits (networkx orders) and the
     # graph network, whose forward pass runs in numpy.
@@ -1080,7 +1095,12 @@ def test_checked_orders_are_compared_as_the_placement_written(model_dir, onnx_mo
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "3")
     assert code == 0 and ("one device (0.110 ms) is faster than the placements of every "
                           "checked order but bfs (or fits where they do not): --place "
-                          "writes it for them") in out
+                          "would write it for them, were one chosen, and they are compared "
+                          "at it") in out  # not bfs's: its own placement is written
+    code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
+    floored = next(o for o in ("topo", "dfs_preorder") if f"{o} 0.1" in out)
+    assert code == 0 and (f"one device (0.110 ms) is faster than {floored}'s placement"
+                          in out) and "would write it for that order" in out
     assert "measured regret 10.0%" in out
     # one device faster than all: whichever is chosen, one device is written
     monkeypatch.setattr(travorder.api, "_check", fake(90.0))

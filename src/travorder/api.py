@@ -25,6 +25,7 @@ from travorder.errors import TravorderError, check_flag, check_seed
 from travorder.featurize import graph_features
 from travorder.graph import GraphSource, OpGraph, load_graph
 from travorder.graph.batch import bind_hint
+from travorder.graph.load import describe_unrated
 from travorder.graph.prepare import placed_graph
 from travorder.placement.clusters import PRESETS, Cluster, ClusterSource, load_cluster
 from travorder.placement.orders import ORDERS, identical_orders
@@ -72,12 +73,13 @@ class Recommendation:
     the single-device placement instead of any that is slower or does not fit where one
     device does (a runner-up that does not fit, after an order that fits, has regret
     ``inf``, ``null`` in JSON); ``single_device_us``: that placement's step time (None
-    when nothing was checked); ``floored``: the checked orders `place` writes it for;
-    ``exact``: every traversal order travorder has was checked (all fitted in
-    the budget), so ``order`` is the best of all for this placer and seed; ``check_s``:
-    time spent checking; ``same_sequence``: the groups of orders that visit the placed
-    graph in the same node sequence, and so place it alike: they share one prediction
-    (their mean score), one probability of being the best (their total) and one check.
+    when nothing was checked, or when one device does not fit); ``floored``: the checked
+    orders `place` writes it for; ``exact``: every traversal order travorder has was
+    checked (all fitted in the budget), so ``order`` is the best of all for this placer
+    and seed; ``check_s``: time spent checking; ``same_sequence``: the groups of orders
+    that visit the placed graph in the same node sequence, and so place it alike: they
+    share one prediction (their mean score), one probability of being the best (their
+    total) and one check.
     ``placement``: the checked placement of ``order`` (of the training-step graph that
     `place` and ``--place`` write), not part of `to_dict`.
     """
@@ -226,8 +228,6 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         warnings.insert(0, f"cluster {c.name!r} is simulated by {c.semantics}'s rules; "
                            f"the model learned under {', '.join(sorted(rules))}'s")
     if unrated := g.meta.get("unrated_op_types"):
-        from travorder.graph.onnx_import import describe_unrated  # an ONNX model's: loaded
-
         warnings.insert(0, f"{sum(unrated.values())} of {g.n_nodes} ops are of types without "
                            f"a FLOPs rule ({describe_unrated(unrated)}), costed at 1 FLOP per "
                            f"output element")
@@ -294,7 +294,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
                 and written[o][1] <= fastest * (1 + TIE_REL_TOL)]
         margin = max(_slower_by(written[o][1], fastest) for o in tied)
         exact = set(ORDERS) <= set(verified)
-        single_device_us = float(placement.single_device_us)
+        if placement.single_device_feasible:
+            single_device_us = float(placement.single_device_us)
     else:
         ranked = [names[j] for j in ranked]
         tied = [o for o in ranked if expected[o] <= regret.min() + est.tie_tolerance_]

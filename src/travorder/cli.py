@@ -132,7 +132,7 @@ def cmd_info(args: argparse.Namespace) -> None:
 
     from travorder.graph import training_graph
     from travorder.graph.batch import bind_hint
-    from travorder.graph.onnx_import import describe_unrated
+    from travorder.graph.load import describe_unrated
 
     g = _load(args.model, args.dims)
     info = {
@@ -1055,8 +1055,9 @@ class _Terminated(BaseException):
 
 #: The signals received while a command runs (`_run`), and when (`time.monotonic`).
 _SIGNALLED: list[tuple[int, float]] = []
-#: A second signal this soon after one is the same stop (`timeout` signals the process
-#: and then its group: two SIGTERMs), not one that should break the first one's clean-up.
+#: A second signal this soon after one whose stop is being handled is the same stop
+#: (`timeout` signals the process and then its group: two SIGTERMs), not one that should
+#: break the first one's clean-up.
 _SAME_STOP_S = 1.0
 _stopping = False  # `_run` is reporting the stop, or the command returned
 
@@ -1068,7 +1069,9 @@ def _on_signal(signum: int, frame: Any) -> None:
     import signal
 
     now = time.monotonic()
-    again = bool(_SIGNALLED) and now - _SIGNALLED[-1][1] < _SAME_STOP_S
+    # A first signal lost in a callback is not being handled: the second one stops.
+    again = isinstance(sys.exc_info()[1], KeyboardInterrupt | _Terminated) and (
+        now - _SIGNALLED[-1][1] < _SAME_STOP_S)
     _SIGNALLED.append((signum, now))
     if not (again or _stopping):
         raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
@@ -1224,18 +1227,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
             f"{o} {t / 1e3:.3f} ms" + (" (over memory)" if o in rec.over_memory else "")
             for o, t in rec.verified.items()))
         if rec.floored:  # what --place writes for them, and what they are compared by
-            rest = [o for o in rec.verified if o not in rec.floored]
-            who = f"{rec.floored[0]}'s placement" if len(rec.verified) == 1 else \
-                "every checked order's placement" if not rest else \
-                f"the placements of every checked order but {', '.join(rest)}" \
-                if len(rest) < len(rec.floored) else \
-                f"the placements of {', '.join(rec.floored)}"
-            fits = " (or fits where they do not)" if set(rec.floored) & set(
-                rec.over_memory) else ""
-            print(f"  one device ({rec.single_device_us / 1e3:.3f} ms) is faster than "
-                  f"{who}{fits}: --place writes it " + (
-                      "instead" if len(rec.floored) == 1 else
-                      "for them, and they are compared at it"))
+            print(_floored_line(rec))
         if rec.confidence == "low":
             print(f"  confidence low: one order checked (probability of being the best "
                   f"{rec.probability:.2f}); a larger --budget compares orders by placement")
@@ -1274,6 +1266,27 @@ def cmd_recommend(args: argparse.Namespace) -> None:
               f"{_floor_row(placed)[1]}; wrote {args.place}")
         _print_fallback(placed)
     print(f"model: {rec.model}")
+
+
+def _floored_line(rec: Any) -> str:
+    """The line of `cmd_recommend` naming the checked orders whose placement one device
+    beats (``rec.floored``), which --place writes one device for."""
+    floored, rest = rec.floored, [o for o in rec.verified if o not in rec.floored]
+    one = len(floored) == 1
+    who = "every checked order's placement" if not rest and not one else \
+        f"the placements of every checked order but {', '.join(rest)}" \
+        if len(floored) > len(rest) > 0 else \
+        f"{floored[0]}'s placement" if one else f"the placements of {', '.join(floored)}"
+    fits = f" (or fits where {'it does' if one else 'they do'} not)" if set(floored) & set(
+        rec.over_memory) else ""
+    # The pick floored: every order is (the fastest is); else --place writes the pick's.
+    how = ("--place writes it instead" if one else
+           "--place writes it for them, and they are compared at it") \
+        if rec.order in floored else \
+        ("--place would write it for that order, and it is compared at it" if one else
+         "--place would write it for them, were one chosen, and they are compared at it")
+    return (f"  one device ({rec.single_device_us / 1e3:.3f} ms) is faster than {who}"
+            f"{fits}: {how}")
 
 
 def _model_args(parser: argparse.ArgumentParser, help: str = "model file") -> None:

@@ -65,6 +65,17 @@ def check_dims(dims: object) -> None:
                             f"to 2**63 - 1, not {value!r}")
 
 
+def describe_unrated(counts: Mapping[str, int]) -> str:
+    """An importer's ``meta["unrated_op_types"]`` (op types without a FLOPs rule, and
+    how many ops of each) as text, the most common first.
+
+    >>> describe_unrated({"Col2Im": 1, "DeformConv": 2})
+    'DeformConv x2, Col2Im'
+    """
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ", ".join(t if n == 1 else f"{t} x{n}" for t, n in ranked)
+
+
 def load_graph(source: GraphSource, *, dims: Mapping[str, int] | None = None) -> OpGraph:
     """Load an :class:`OpGraph` from a file (ONNX, travorder ``.json.gz``, dnn-partitioning
     JSON) or return ``source`` itself if it already is one. ``dims`` gives values to an
@@ -118,4 +129,5 @@ def _load_json(path: Path) -> OpGraph:
     )
 
 
-__all__ = ["GraphSource", "check_dims", "load_graph", "save_graph", "sniff_format"]
+__all__ = ["GraphSource", "check_dims", "describe_unrated", "load_graph", "save_graph",
+           "sniff_format"]

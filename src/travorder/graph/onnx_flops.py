@@ -162,7 +162,7 @@ def _packed_attention(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
     kv_len = x[1] + (_shape(ins, 4)[3] if _has_input(node, 4) else 0)
     project = 2 * rows * x[-1] * w[1] + (rows * w[1] if _has_input(node, 2) else 0)
     scores = rows * heads * kv_len
-    return float(project + scores * (2 * sizes[0] // heads + 2 * sizes[2] // heads + 5
+    return float(project + scores * (2 * (sizes[0] // heads) + 2 * (sizes[2] // heads) + 5
                                      + _has_input(node, 3)))
 
 

@@ -243,11 +243,17 @@ def _with_shape_data(tensor: TensorProto, where: str) -> TensorProto:
     if (where == IN_MEMORY or tensor.data_type not in _SHAPE_TYPES
             or math.prod(tensor.dims) > _STRIP_ELEMENTS):
         return tensor
+    info = {e.key: e.value for e in tensor.external_data}
+    base = Path(where).resolve().parent
+    size = math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    # only the tensor's own bytes (none of a whole file), of a file in the model's folder
+    if info.get("length") != str(size) or not (
+            base / info.get("location", "")).resolve().is_relative_to(base):
+        return tensor
     loaded = TensorProto()
     loaded.CopyFrom(tensor)
     try:
-        onnx.external_data_helper.load_external_data_for_tensor(
-            loaded, str(Path(where).parent))
+        onnx.external_data_helper.load_external_data_for_tensor(loaded, str(base))
     except (OSError, ValueError, onnx.checker.ValidationError):  # missing, out of bounds
         return tensor
     return loaded
@@ -360,6 +366,9 @@ def _build(graph: GraphProto, info: dict[str, tuple[int, Shape | None]], params:
         in_shapes = [shape(t) for t in node.input]
         try:
             f = node_flops(node, in_shapes, [shape(t) for t in node.output])
+        except OverflowError:
+            raise FormatError(f"{meta['source']}: node {names[v]!r} ({node.op_type}) does "
+                              f"more FLOPs than a float counts") from None
         except (ArithmeticError, IndexError, ValueError) as exc:  # shapes ONNX's op refuses
             given = ", ".join("?" if x is None else str(list(x)) for x in in_shapes)
             raise FormatError(f"{meta['source']}: node {names[v]!r} ({node.op_type}): its "
@@ -391,14 +400,4 @@ def _build(graph: GraphProto, info: dict[str, tuple[int, Shape | None]], params:
     )
 
 
-def describe_unrated(counts: Mapping[str, int]) -> str:
-    """``meta["unrated_op_types"]`` as text, the most common first.
-
-    >>> describe_unrated({"Col2Im": 1, "DeformConv": 2})
-    'DeformConv x2, Col2Im'
-    """
-    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    return ", ".join(t if n == 1 else f"{t} x{n}" for t, n in ranked)
-
-
-__all__ = ["OnnxSource", "describe_unrated", "read_onnx"]
+__all__ = ["OnnxSource", "read_onnx"]

@@ -336,64 +336,61 @@ def run_study(spec: StudySpec | str | os.PathLike[str], store_path: str | os.Pat
     graphs = spec.select_graphs()
     all_jobs = spec_jobs(spec, graphs)
     _preflight(spec, graphs)  # before the store is touched: a bad spec leaves nothing behind
-    made, owned = not os.path.lexists(store_path), False
-    try:
-        with contextlib.ExitStack() as cleanup:
-            if backend == "loky":
-                cleanup.callback(_shutdown_loky)
-            # No Ray: no store either; and no Ray started when every job is done already.
-            if backend == "ray" and not _all_done(store_path, all_jobs) and _start_ray(
-                    jobs, address):
-                cleanup.callback(sys.modules["ray"].shutdown)
-            store = cleanup.enter_context(ResultStore(store_path))
-            cleanup.enter_context(_sole_writer(store.path))
-            owned = made  # made by this run, which holds its lock
-            _check_scenario_names(
-                spec, scenario_definitions(store.connection, str(store_path)), store_path)
-            done_before = store.done_ids()
-            todo = [j for j in all_jobs if j.job_id not in done_before]
-            known = store.graph_keys()
-            wanted = {(j.graph_name, j.scenario) for j in todo}
-            wanted |= {(g.name, s.name) for g in graphs for s in spec.scenarios
-                       if (g.graph_hash, g.name, s.name, int(spec.training),
-                           spec.coarsen_max_nodes) not in known}
+    with contextlib.ExitStack() as cleanup:
+        if backend == "loky":
+            cleanup.callback(_shutdown_loky)
+        # No Ray: no store either; and no Ray started when every job is done already.
+        if backend == "ray" and not _all_done(store_path, all_jobs) and _start_ray(
+                jobs, address):
+            cleanup.callback(sys.modules["ray"].shutdown)
+        store = cleanup.enter_context(ResultStore(store_path))
+        cleanup.enter_context(_sole_writer(store.path))
+        _check_scenario_names(
+            spec, scenario_definitions(store.connection, str(store_path)), store_path)
+        done_before = store.done_ids()
+        todo = [j for j in all_jobs if j.job_id not in done_before]
+        known = store.graph_keys()
+        wanted = {(j.graph_name, j.scenario) for j in todo}
+        wanted |= {(g.name, s.name) for g in graphs for s in spec.scenarios
+                   if (g.graph_hash, g.name, s.name, int(spec.training),
+                       spec.coarsen_max_nodes) not in known}
+        try:
             prepared, clusters = _prepare(spec, graphs, store, wanted, jobs, progress)
-            store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs,
-                            spec.clusters)  # once every graph is prepared: no job before
-            owned = False
-            # The store keeps the cluster each job ran on (as its scenario set it).
-            todo = [dataclasses.replace(j, cluster_hash=cluster_hash(_inputs(
-                j, prepared, clusters)[1])) for j in todo]
-            # Largest graphs first, so that the last jobs to finish are short ones.
-            todo.sort(key=lambda j: -prepared[j.graph_name, j.scenario].n_nodes)
-            skipped = len(all_jobs) - len(todo)
-            done = failed = 0
-            interrupted = False
-            with progress_bar(progress) as bar:
-                task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
-                                    detail="failed 0")
-                t0 = time.perf_counter()
-                results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
-                           else _run_ray(todo, prepared, clusters))
-                try:
-                    for chunk in results:
-                        for job, outcome in chunk:
-                            store.record(job, outcome)
-                            if outcome["status"] == "done":
-                                done += 1
-                            else:
-                                failed += 1
-                        rate = (done + failed) / max(time.perf_counter() - t0, 1e-9)
-                        bar.update(task, advance=len(chunk),
-                                   detail=f"failed {failed}, {rate:.2f} jobs/s")
-                except KeyboardInterrupt:
-                    interrupted = True
-                finally:
-                    results.close()
-    except TravorderError:  # a graph that cannot be prepared (its costs past a float)
-        if owned:  # nothing ran: no store left behind
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{store_path}{suffix}").unlink(missing_ok=True)
-        raise
+        except TravorderError:  # a graph that cannot be prepared (costs past a float)
+            if store.created and not store.status()["studies"]:  # nothing ran
+                store.discard()  # under the lock still: no run has it open
+            raise
+        # Recorded once every graph is prepared: a failure leaves no pending run.
+        store.add_study(spec.name, spec.to_dict(), spec.spec_hash, all_jobs,
+                        spec.clusters)
+        # The store keeps the cluster each job ran on (as its scenario set it).
+        todo = [dataclasses.replace(j, cluster_hash=cluster_hash(_inputs(
+            j, prepared, clusters)[1])) for j in todo]
+        # Largest graphs first, so that the last jobs to finish are short ones.
+        todo.sort(key=lambda j: -prepared[j.graph_name, j.scenario].n_nodes)
+        skipped = len(all_jobs) - len(todo)
+        done = failed = 0
+        interrupted = False
+        with progress_bar(progress) as bar:
+            task = bar.add_task(spec.name, total=len(all_jobs), completed=skipped,
+                                detail="failed 0")
+            t0 = time.perf_counter()
+            results = (_run_loky(todo, prepared, clusters, jobs) if backend == "loky"
+                       else _run_ray(todo, prepared, clusters))
+            try:
+                for chunk in results:
+                    for job, outcome in chunk:
+                        store.record(job, outcome)
+                        if outcome["status"] == "done":
+                            done += 1
+                        else:
+                            failed += 1
+                    rate = (done + failed) / max(time.perf_counter() - t0, 1e-9)
+                    bar.update(task, advance=len(chunk),
+                               detail=f"failed {failed}, {rate:.2f} jobs/s")
+            except KeyboardInterrupt:
+                interrupted = True
+            finally:
+                results.close()
     return StudySummary(spec.name, spec.spec_hash, len(all_jobs), skipped, done + failed,
                         done, failed, interrupted, time.perf_counter() - start)

@@ -148,7 +148,7 @@ class ResultStore:
                               f"study's .sqlite file)")
         if not create and not self.path.is_file():
             raise FormatError(f"no such result store {str(self.path)!r}")
-        new = not self.path.exists()
+        new = self.created = not self.path.exists()
         try:
             self.connection = sqlite3.connect(self.path, timeout=30.0,
                                               isolation_level=None)
@@ -229,6 +229,13 @@ class ResultStore:
     def close(self) -> None:
         """Close the connection (committed rows are on disk)."""
         self.connection.close()
+
+    def discard(self) -> None:
+        """Close the store and delete its files (one this process made, and nothing in
+        it worth keeping)."""
+        self.close()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
 
     def __enter__(self) -> ResultStore:
         return self
