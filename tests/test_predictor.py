@@ -368,24 +368,27 @@ def test_recommendation_is_a_distribution_over_orders(model_dir, onnx_model):
 
 def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_model):
     from travorder.graph.onnx_import import read_onnx
+    from travorder.placement.orders import ORDERS as ALL_ORDERS
     from travorder.placement.placers import place_graph
 
     rec = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=3)
     study_graph = training_graph(read_onnx(onnx_model))  # the fixture's model: no coarsening
-    results = {o: place_graph(study_graph, "k80x3", order=o) for o in ORDERS}
-    want = {o: r.step_time_us for o, r in results.items()}
+    results = {o: place_graph(study_graph, "k80x3", order=o) for o in ALL_ORDERS}
+    # the shortlist, and the orders that visit the graph in the sequence of one of them
+    assert set(ORDERS) <= set(rec.verified) and len(_placements(rec)) == len(ORDERS)
+    want = {o: results[o].step_time_us for o in rec.verified}
     assert rec.verified == pytest.approx(want)
     assert want[rec.order] == min(want.values())
     assert list(rec.verified.values()) == pytest.approx(sorted(want.values()))  # fastest first
     # the best placement is one device's: the slower orders are floored to it, all tied
     floor = results[rec.order].single_device_us
     assert rec.single_device_us == pytest.approx(floor) == want[rec.order]
-    assert sorted(rec.floored) == sorted(o for o in ORDERS if want[o] > floor * (1 + 1e-9))
-    assert sorted(rec.tied) == sorted(ORDERS) and rec.runner_up is None
+    assert sorted(rec.floored) == sorted(o for o in want if want[o] > floor * (1 + 1e-9))
+    assert sorted(rec.tied) == sorted(want) and rec.runner_up is None
     assert place(onnx_model, "k80x3", predictor=model_dir, verify=3).order == rec.order
     one = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
     plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
-    assert list(one.verified) == [one.order] == [plain.order]  # checks the pick
+    assert one.order == plain.order and len(_placements(one)) == 1  # checks the pick
     assert one.confidence == plain.confidence  # one order checked compares nothing
     code, out, _ = _run(capsys, str(EXAMPLES / "resnet_small.onnx"), "--verify", "1",
                         "--predictor", str(bundled_model_dir()))
@@ -393,12 +396,13 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     two = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=2)
     p, _ = OrderPredictor.load(model_dir)  # then the best fixed order of the training data
     anchor = p.classes_[p.mean_regret_.argmin()]
-    assert len(two.verified) == 2 and {plain.order, anchor} <= set(two.verified)
+    assert len(_placements(two)) == 2 and {plain.order, anchor} <= set(two.verified)
     with pytest.raises(TravorderError, match="a shortlist holds 1 to 3 orders, got 4"):
         recommend_order(onnx_model, predictor=model_dir, verify=4)
     code, out, _ = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "2")
-    assert code == 0 and "fastest of 2 of 11 orders checked (the model knows 3; --budget " \
-        "checks the others too)" in out
+    assert code == 0 and "fastest of 6 of 11 orders checked (the model knows 3; --budget " \
+        "checks the others too)" in out  # the two placed and the orders of their sequences
+    assert "(2 placements: orders of one node sequence share one)" in out
     code, _, err = _run(capsys, onnx_model, "--predictor", model_dir, "--verify", "-1")
     assert code == 2 and err.count("\n") == 1 and "a shortlist holds 1 to 3" in err
 
@@ -418,6 +422,11 @@ def test_place_auto_uses_the_recommended_order(model_dir, onnx_model):
     rec = recommend_order(onnx_model, "v100x4-nvlink", predictor=model_dir)
     r = place(onnx_model, "v100x4-nvlink", predictor=model_dir)
     assert r.order == rec.order and r.placer == "greedy" and r.feasible
+
+
+def _placements(rec) -> set:
+    """The distinct placements among the orders ``rec`` checked (one per node sequence)."""
+    return {next((tuple(g) for g in rec.same_sequence if o in g), o) for o in rec.verified}
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -736,7 +745,7 @@ def test_place_auto_says_how_the_order_was_chosen(model_dir, onnx_model):
     assert plain.recommendation.verified is None
     checked = place(onnx_model, "k80x3", predictor=model_dir, verify=2)
     rec = checked.recommendation
-    assert checked.order == rec.order and len(rec.verified) == 2
+    assert checked.order == rec.order and len(_placements(rec)) == 2
     assert rec.verified[checked.order] == min(rec.verified.values())
     assert checked.to_dict()["recommendation"]["verified"] == rec.verified
     assert place(onnx_model, "k80x3", order="topo").recommendation is None
@@ -814,7 +823,8 @@ def test_budget_checks_orders_and_says_when_the_answer_is_exact(model_dir, onnx_
     full = recommend_order(onnx_model, "k80x3", predictor=model_dir, budget=60)
     assert sorted(full.verified) == sorted(ALL_ORDERS) and full.exact  # any order,
     known = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=3)
-    assert set(known.verified) == set(ORDERS)  # the model's three first (a shortlist: only)
+    # the model's three first (a shortlist: only), with the orders of their sequences
+    assert set(ORDERS) <= set(known.verified) and len(_placements(known)) == 3
     bundled = recommend_order(onnx_model, "k80x3", budget=60,  # knows them all
                               predictor=str(bundled_model_dir()))
     assert bundled.exact and sorted(bundled.verified) == sorted(ALL_ORDERS)
@@ -876,9 +886,13 @@ def test_orders_of_one_node_sequence_share_one_outcome(capsys, tmp_path, monkeyp
             for o in ALL_ORDERS}
     assert full.verified == pytest.approx(want)
     calls.clear()
-    short = recommend_order(path, "k80x3", verify=3)
-    assert len(short.verified) == 3 and len(calls) == len(
-        {next((g for g in same if o in g), o) for o in short.verified})
+    short = recommend_order(path, "k80x3", verify=3)  # each sequence placed once
+    assert len(calls) == len(_placements(short))
+    # each order of a checked sequence is checked: none is the runner-up of its twin
+    # (once a twin left out of the shortlist was the runner-up, "7.1% worse")
+    for g in same:
+        assert set(g) <= set(short.verified) or not set(g) & set(short.verified)
+    assert short.runner_up not in short.verified or short.runner_up not in short.tied
     code, out, _ = _run(capsys, str(path), "--budget", "60")
     assert code == 0 and f"({len(distinct)} placements: orders of one node sequence " \
         "share one)" in out
@@ -1051,6 +1065,8 @@ def test_checks_over_memory_and_of_zero_time(model_dir, onnx_model, monkeypatch,
                                single_device_us=50.0, single_device_feasible=False)
             for o in candidates}
 
+    monkeypatch.setattr(travorder.api, "identical_orders", lambda *a: [])  # all distinct
+
     # the fastest placement does not fit: the pick is the fastest that fits, and the
     # runner-up that does not fit has no finite regret (it was -33%)
     times = {"bfs": 100.0, "topo": 120.0, "dfs_preorder": 150.0}
@@ -1085,6 +1101,8 @@ def test_checked_orders_are_compared_as_the_placement_written(model_dir, onnx_mo
             o: SimpleNamespace(step_time_us=times[o], feasible=o != "dfs_preorder",
                                single_device_us=single_us, single_device_feasible=True)
             for o in candidates}
+
+    monkeypatch.setattr(travorder.api, "identical_orders", lambda *a: [])  # all distinct
 
     # topo and dfs_preorder (over memory) would write one device, 110 us: 10% slower
     monkeypatch.setattr(travorder.api, "_check", fake(110.0))

@@ -171,7 +171,7 @@ def recommend_order(model: GraphSource | Any, cluster: ClusterSource = "k80x3", 
     placer is not counted), simulates each and recommends the fastest; when every order
     fits the answer is ``exact``. ``verify=k`` checks the first ``k`` of those instead.
     Orders that visit the graph in one node sequence are placed once and reported under
-    each name (``same_sequence``). The graph checked is the one `place` and
+    each name (``same_sequence``), shortlisted or not. The graph checked is the one `place` and
     ``recommend-order --place`` write a placement for (the training-step graph, never
     coarsened), so the step time reported for the recommended order is that of the
     placement they write, unless one device is faster still: they then write the
@@ -275,9 +275,10 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         results = _check(placed, c, list(first.values()), placer, seed, budget,
                          options or {})
         check_s = time.perf_counter() - t0
-        results |= {o: replace(results[first[group_of[o]]], order=o)  # the same placement
-                    for o in candidates if o in group_of and o not in results
-                    and first.get(group_of[o]) in results}
+        # Every order of a checked node sequence has its placement, shortlisted or not.
+        results |= {o: replace(results[first[group]], order=o)
+                    for group in same if first.get(group) in results
+                    for o in group if o not in results}
         checked = sorted(results, key=lambda o: (not results[o].feasible,
                                                  results[o].step_time_us))
         ranked = [*checked, *(names[j] for j in ranked if names[j] not in results)]
