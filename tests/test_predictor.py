@@ -389,10 +389,13 @@ def test_verify_recommends_the_fastest_of_the_shortlist(capsys, model_dir, onnx_
     one = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=1)
     plain = recommend_order(onnx_model, "k80x3", predictor=model_dir)
     assert one.order == plain.order and len(_placements(one)) == 1  # checks the pick
-    assert one.confidence == plain.confidence  # one order checked compares nothing
+    assert one.confidence == plain.confidence  # one placement checked compares nothing
+    twins = recommend_order(EXAMPLES / "resnet_small.onnx", "v100x4-nvlink", verify=1)
+    assert len(twins.verified) == 5 and len(_placements(twins)) == 1  # the pick's sequence
+    assert twins.confidence == "low"  # one placement, under five names: still unchecked
     code, out, _ = _run(capsys, str(EXAMPLES / "resnet_small.onnx"), "--verify", "1",
                         "--predictor", str(bundled_model_dir()))
-    assert code == 0 and "confidence low: one order checked" in out  # a warned-of graph
+    assert code == 0 and "confidence low: one placement checked" in out  # a warned-of graph
     two = recommend_order(onnx_model, "k80x3", predictor=model_dir, verify=2)
     p, _ = OrderPredictor.load(model_dir)  # then the best fixed order of the training data
     anchor = p.classes_[p.mean_regret_.argmin()]

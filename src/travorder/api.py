@@ -58,8 +58,8 @@ class Recommendation:
     probability and regret are then NaN); ``runner_up_regret``: its regret (measured when
     both were checked);
     ``confidence``: ``"high"`` or ``"low"`` (a recommendation checked against no other
-    order whose probability is under one half or whose graph or cluster lies outside the
-    training data); ``warnings``: the features outside the training data's range (on a
+    placement whose probability is under one half or whose graph or cluster lies outside
+    the training data); ``warnings``: the features outside the training data's range (on a
     cluster of one device only that every order ties there: its regrets are then 0, its
     probabilities uniform, every order of travorder's ``tied`` and none checked);
     ``contributions``: with ``explain=True``, each feature's contribution to the
@@ -261,7 +261,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
     probability = dict(zip(names, proba.tolist(), strict=True))
     expected = dict(zip(names, regret.tolist(), strict=True))
     verified = placement = check_s = single_device_us = None
-    exact, floored, over_memory = False, [], []
+    exact, floored, over_memory, n_placed = False, [], [], 0
     if (verify or budget is not None) and c.n_devices > 1:  # one device: nothing to check
         candidates = [names[j] for j in est.shortlist_from_scores(
             scores[None], verify or len(names))[0]]
@@ -283,6 +283,7 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
                                                  results[o].step_time_us))
         ranked = [*checked, *(names[j] for j in ranked if names[j] not in results)]
         verified = {o: float(results[o].step_time_us) for o in checked}
+        n_placed = len({group_of.get(o, o) for o in checked})
         over_memory = [o for o in checked if not results[o].feasible]
         placement = results[checked[0]]
         # Compared as `place` and --place write them: one device where it is faster.
@@ -313,9 +314,8 @@ def _recommend(g: OpGraph, training: bool, c: Cluster, *,
         runner_up_regret = math.inf  # faster maybe, but it does not fit
     else:
         runner_up_regret = _slower_by(written[second][1], written[best][1])
-    # One order checked compares nothing: the predictor's confidence stands.
-    low = c.n_devices > 1 and (verified is None or len(verified) < 2) and (
-        bool(warnings) or probability[best] < 0.5)
+    # One placement checked compares nothing: the predictor's confidence stands.
+    low = c.n_devices > 1 and n_placed < 2 and (bool(warnings) or probability[best] < 0.5)
     contributions = None
     if explain and best in names:
         contrib = est.explain(row, orders=[names.index(best)])[0]

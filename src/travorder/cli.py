@@ -1229,7 +1229,7 @@ def cmd_recommend(args: argparse.Namespace) -> None:
         if rec.floored:  # what --place writes for them, and what they are compared by
             print(_floored_line(rec))
         if rec.confidence == "low":
-            print(f"  confidence low: one order checked (probability of being the best "
+            print(f"  confidence low: one placement checked (probability of being the best "
                   f"{rec.probability:.2f}); a larger --budget compares orders by placement")
     elif cluster.n_devices > 1:
         print(f"  expected regret {100 * rec.expected_regret[rec.order]:.1f}%, probability "
