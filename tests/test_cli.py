@@ -1157,6 +1157,22 @@ def test_a_second_sigterm_right_after_the_first_does_not_break_the_clean_up(caps
     assert capsys.readouterr().err == "terminated\n"
 
 
+def test_a_signal_while_a_command_handles_its_own_interrupt_stops_it(capsys):
+    import signal
+
+    from travorder.cli import _run
+
+    def interrupted_by_itself(args):  # no signal recorded before this one
+        try:
+            raise KeyboardInterrupt
+        finally:
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(1000))
+
+    assert _run(interrupted_by_itself, None) == 130  # once an IndexError in the handler
+    assert capsys.readouterr().err == "interrupted\n"
+
+
 def test_a_second_signal_after_one_lost_in_a_callback_stops_the_command(capsys):
     import signal
     import weakref

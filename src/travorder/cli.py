@@ -1059,7 +1059,7 @@ _SIGNALLED: list[tuple[int, float]] = []
 #: (`timeout` signals the process and then its group: two SIGTERMs), not one that should
 #: break the first one's clean-up.
 _SAME_STOP_S = 1.0
-_stopping = False  # `_run` is reporting the stop, or the command returned
+_stopping = False  # the command returned: `_run` is putting the handlers back
 
 
 def _on_signal(signum: int, frame: Any) -> None:
@@ -1070,8 +1070,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 
     now = time.monotonic()
     # A first signal lost in a callback is not being handled: the second one stops.
-    again = isinstance(sys.exc_info()[1], KeyboardInterrupt | _Terminated) and (
-        now - _SIGNALLED[-1][1] < _SAME_STOP_S)
+    again = isinstance(sys.exc_info()[1], KeyboardInterrupt | _Terminated) and bool(
+        _SIGNALLED) and now - _SIGNALLED[-1][1] < _SAME_STOP_S
     _SIGNALLED.append((signum, now))
     if not (again or _stopping):
         raise KeyboardInterrupt if signum == signal.SIGINT else _Terminated
@@ -1119,11 +1119,9 @@ def _run(func: Callable[[argparse.Namespace], int | None], args: argparse.Namesp
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
-        _stopping = True
         print("interrupted", file=sys.stderr)
         return 130
     except _Terminated:
-        _stopping = True
         print("terminated", file=sys.stderr)
         return 128 + signal.SIGTERM
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly
@@ -1273,20 +1271,24 @@ def _floored_line(rec: Any) -> str:
     beats (``rec.floored``), which --place writes one device for."""
     floored, rest = rec.floored, [o for o in rec.verified if o not in rec.floored]
     one = len(floored) == 1
-    who = "every checked order's placement" if not rest and not one else \
-        f"the placements of every checked order but {', '.join(rest)}" \
-        if len(floored) > len(rest) > 0 else \
-        f"{floored[0]}'s placement" if one else f"the placements of {', '.join(floored)}"
-    fits = f" (or fits where {'it does' if one else 'they do'} not)" if set(floored) & set(
-        rec.over_memory) else ""
+    if one:
+        who = f"{floored[0]}'s placement"
+    elif not rest:
+        who = "every checked order's placement"
+    elif len(floored) > len(rest):
+        who = f"the placements of every checked order but {', '.join(rest)}"
+    else:
+        who = f"the placements of {', '.join(floored)}"
+    if set(floored) & set(rec.over_memory):
+        who += f" (or fits where {'it does' if one else 'they do'} not)"
     # The pick floored: every order is (the fastest is); else --place writes the pick's.
-    how = ("--place writes it instead" if one else
-           "--place writes it for them, and they are compared at it") \
-        if rec.order in floored else \
-        ("--place would write it for that order, and it is compared at it" if one else
-         "--place would write it for them, were one chosen, and they are compared at it")
-    return (f"  one device ({rec.single_device_us / 1e3:.3f} ms) is faster than {who}"
-            f"{fits}: {how}")
+    if rec.order in floored:
+        how = "--place writes it instead" if one else \
+            "--place writes it for them, and they are compared at it"
+    else:
+        how = "--place would write it for that order, and it is compared at it" if one \
+            else "--place would write it for them, were one chosen, and they are compared at it"
+    return f"  one device ({rec.single_device_us / 1e3:.3f} ms) is faster than {who}: {how}"
 
 
 def _model_args(parser: argparse.ArgumentParser, help: str = "model file") -> None:

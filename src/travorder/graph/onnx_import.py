@@ -240,14 +240,13 @@ def _with_shape_data(tensor: TensorProto, where: str) -> TensorProto:
     """``tensor`` (of external data) with its values read from the data file next to the
     model ``where``, when it is a small integer tensor (a shape or axes, which data
     propagation reads) and the file holds it; else as it is (its values unknown)."""
-    if (where == IN_MEMORY or tensor.data_type not in _SHAPE_TYPES
-            or math.prod(tensor.dims) > _STRIP_ELEMENTS):
+    n = math.prod(tensor.dims)
+    if where == IN_MEMORY or tensor.data_type not in _SHAPE_TYPES or n > _STRIP_ELEMENTS:
         return tensor
     info = {e.key: e.value for e in tensor.external_data}
     base = Path(where).resolve().parent
-    size = math.prod(tensor.dims) * helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
     # only the tensor's own bytes (none of a whole file), of a file in the model's folder
-    if info.get("length") != str(size) or not (
+    if info.get("length") != str(int(n * _itemsize(tensor.data_type))) or not (
             base / info.get("location", "")).resolve().is_relative_to(base):
         return tensor
     loaded = TensorProto()

@@ -148,7 +148,7 @@ class ResultStore:
                               f"study's .sqlite file)")
         if not create and not self.path.is_file():
             raise FormatError(f"no such result store {str(self.path)!r}")
-        new = self.created = not self.path.exists()
+        self.created = not self.path.exists()
         try:
             self.connection = sqlite3.connect(self.path, timeout=30.0,
                                               isolation_level=None)
@@ -179,11 +179,13 @@ class ResultStore:
         except (sqlite3.DatabaseError, TravorderError) as exc:
             if hasattr(self, "connection"):
                 self.connection.close()
-            if new:  # made by the connection: not left behind, empty
+            # Made by the connection: not left behind, empty (the file only: its log's
+            # path may be what failed, and not the store's).
+            if self.created:
                 self.path.unlink(missing_ok=True)
             if isinstance(exc, TravorderError):
                 raise
-            if new:
+            if self.created:
                 raise TravorderError(f"cannot make the result store {str(self.path)!r}: "
                                      f"{exc}") from None
             raise FormatError(f"{self.path}: not a travorder result store ({exc})") from None
