@@ -896,6 +896,7 @@ def test_orders_of_one_node_sequence_share_one_outcome(capsys, tmp_path, monkeyp
     for g in same:
         assert set(g) <= set(short.verified) or not set(g) & set(short.verified)
     assert short.runner_up not in short.verified or short.runner_up not in short.tied
+    assert not any(short.runner_up in g and set(g) & set(short.tied) for g in same)
     code, out, _ = _run(capsys, str(path), "--budget", "60")
     assert code == 0 and f"({len(distinct)} placements: orders of one node sequence " \
         "share one)" in out
