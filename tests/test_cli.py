@@ -860,6 +860,19 @@ def test_an_install_that_cannot_be_made_is_refused_before_training(capsys, monke
     assert not (tmp_path / "m").exists()
 
 
+def test_a_user_default_that_is_not_a_model_is_named_beside_the_bundled_one(capsys,
+                                                                            config_home):
+    config_home.parent.mkdir(parents=True)
+    config_home.write_text("not a model")  # once skipped unsaid for the bundled model
+    code, text, _ = run(capsys, "model", "show")
+    assert code == 0 and (f"(bundled default; {config_home} is a file, not a model)"
+                          in text)
+    config_home.unlink()
+    config_home.mkdir()
+    code, text, _ = run(capsys, "model", "show")
+    assert f"{config_home} is a folder without manifest.json, not a model" in text
+
+
 def test_a_model_named_by_the_environment_is_named_so(capsys, config_home, monkeypatch,
                                                        tmp_path, model):
     monkeypatch.setenv("TRAVORDER_MODEL", str(tmp_path / "nodir"))

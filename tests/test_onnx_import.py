@@ -316,6 +316,59 @@ def test_onnxruntime_packed_attention_has_its_own_rule():
         2 * 32 * 64 * 256 + 32 * 256 + scores * (2 * 24 + 2 * 16 + 5 + 1)]
 
 
+def test_onnxruntime_multi_head_attention_has_its_own_rule():
+    # com.microsoft MultiHeadAttention, 4 heads: q (2, 16, 64) over k, v (2, 10, 64) and a
+    # bias of Q, K and V (192); once unrated (1 FLOP per output element: 2,048)
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v", "b"], ["y"], name="mha",
+                            domain="com.microsoft", num_heads=4)
+    model = model_of([node], [value("q", [2, 16, 64]), value("k", [2, 10, 64]),
+                              value("v", [2, 10, 64])], [value("y", [2, 16, 64])],
+                     [weight("b", (192,))], domains=["com.microsoft"])
+    g = read_onnx(model)
+    scores = 2 * 4 * 16 * 10
+    assert g.flops.tolist() == [2 * 16 * 64 + 2 * 2 * 10 * 64 + scores * (2 * 16 + 2 * 16 + 5)]
+    assert g.meta["unrated_op_types"] == {}
+    # Q/K/V packed (batch, seq, heads, 3, head_size), an attention bias, 6 past keys
+    node = helper.make_node("MultiHeadAttention", ["qkv", "", "", "", "", "ab", "pk", "pv"],
+                            ["y"], name="mha", domain="com.microsoft", num_heads=4)
+    model = model_of([node], [value("qkv", [2, 16, 4, 3, 16]), value("ab", [1, 4, 16, 22]),
+                              value("pk", [2, 4, 6, 16]), value("pv", [2, 4, 6, 16])],
+                     [value("y", [2, 16, 64])], domains=["com.microsoft"])
+    scores = 2 * 4 * 16 * (16 + 6)
+    assert read_onnx(model).flops.tolist() == [scores * (2 * 16 + 2 * 16 + 5 + 1)]
+    # keys already split into heads (batch, heads, kv_seq, head_size)
+    node = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["y"], name="mha",
+                            domain="com.microsoft", num_heads=4)
+    model = model_of([node], [value("q", [2, 16, 64]), value("k", [2, 4, 12, 16]),
+                              value("v", [2, 4, 12, 16])], [value("y", [2, 16, 64])],
+                     domains=["com.microsoft"])
+    assert read_onnx(model).flops.tolist() == [2 * 4 * 16 * 12 * (2 * 16 + 2 * 16 + 5)]
+
+
+def test_onnxruntime_group_query_attention_has_its_own_rule():
+    # 8 query heads sharing 2 key/value heads of 16, 4 new tokens: the scores are 8 heads'
+    # over the 20 keys of the present key (16 past, 4 new)
+    node = helper.make_node("GroupQueryAttention",
+                            ["q", "k", "v", "pk", "pv", "seqlens", "total"],
+                            ["y", "present_k", "present_v"], name="gqa",
+                            domain="com.microsoft", num_heads=8, kv_num_heads=2)
+    inputs = [value("q", [2, 4, 128]), value("k", [2, 4, 32]), value("v", [2, 4, 32]),
+              value("pk", [2, 2, 16, 16]), value("pv", [2, 2, 16, 16]),
+              value("seqlens", [2], TensorProto.INT32), value("total", [1], TensorProto.INT32)]
+    present = [value("present_k", [2, 2, 20, 16]), value("present_v", [2, 2, 20, 16])]
+    g = read_onnx(model_of([node], inputs, [value("y", [2, 4, 128]), *present],
+                           domains=["com.microsoft"]))
+    assert g.flops.tolist() == [2 * 8 * 4 * 20 * (4 * 16 + 5)]
+    assert g.meta["unrated_op_types"] == {}
+    # without the present key's shape: the past and the new keys
+    node = helper.make_node("GroupQueryAttention",
+                            ["q", "k", "v", "pk", "pv", "seqlens", "total"], ["y"],
+                            name="gqa", domain="com.microsoft", num_heads=8, kv_num_heads=2)
+    g = read_onnx(model_of([node], inputs, [value("y", [2, 4, 128])],
+                           domains=["com.microsoft"]))
+    assert g.flops.tolist() == [2 * 8 * 4 * 20 * (4 * 16 + 5)]
+
+
 @pytest.mark.parametrize(("op", "inputs", "attrs", "opset", "error"), [
     ("Gemm", [("a", [4]), ("b", [4, 5])], {}, 17, "IndexError"),
     ("MatMul", [("a", []), ("b", [4, 5])], {}, 17, "IndexError"),

@@ -52,6 +52,20 @@ def test_structure_of_a_diamond():
     assert g.index["out"] == 3
 
 
+@pytest.mark.parametrize(("node", "error", "message"), [
+    (4, IndexError, r"node 4 is not in this graph of 4 nodes \(0 to 3\)"),
+    (-2, IndexError, "node -2 is not in this graph"),  # once the last node's neighbours
+    (1.0, TypeError, "a node index is an integer, not float"),
+    (True, TypeError, "not bool"),
+])
+def test_neighbours_of_a_node_not_in_the_graph(node, error, message):
+    g = diamond()
+    for neighbours in (g.successors, g.predecessors):
+        with pytest.raises(error, match=message):
+            neighbours(node)
+    assert g.successors(np.int64(0)).tolist() == [1, 2]
+
+
 def test_arrays_and_attributes_are_read_only():
     g = diamond()
     with pytest.raises(ValueError):

@@ -43,7 +43,11 @@ Rules look ops up by ``op_type``, whatever the domain, so the onnxruntime contri
 (``FusedMatMul``, ``FastGelu``, ``SkipLayerNormalization``, ...) share them; an op that a
 domain defines with other inputs has its own rule (`DOMAIN_RULES`): onnxruntime's
 ``com.microsoft`` **Attention** takes ``x`` and one packed Q/K/V weight, and costs its
-projection (``2 * numel(x) * W.shape[1]``, plus the bias) and then the attention as above.
+projection (``2 * numel(x) * W.shape[1]``, plus the bias) and then the attention as above;
+its **MultiHeadAttention** (Q, K, V given, or packed) and **GroupQueryAttention** (query
+heads sharing key/value heads, the keys of its present key) cost the attention as above
+(a bias 1 per projected element; the rotary embedding of GroupQueryAttention is not
+counted).
 
 >>> from onnx import helper
 >>> node = helper.make_node("MatMul", ["a", "b"], ["y"])
@@ -166,6 +170,45 @@ def _packed_attention(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
                                      + _has_input(node, 3)))
 
 
+def _multi_head_attention(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
+    """onnxruntime's ``com.microsoft`` MultiHeadAttention: query (batch, seq, hidden), or
+    Q/K/V packed as (batch, seq, heads, 3, head_size) without key and value; key
+    (batch, kv_seq, hidden), (batch, heads, kv_seq, head_size) or K/V packed as (batch,
+    kv_seq, heads, 2, head_size); the bias adds one per projected element; a key padding
+    mask or an attention bias one per score; past keys (batch, heads, past, head_size)
+    lengthen the keys."""
+    q, y = _shape(ins, 0), _shape(outs, 0)
+    heads = _attr(node, "num_heads", 1)
+    head_qk = q[4] if len(q) == 5 else q[2] // heads
+    kv_len = q[1]
+    if _has_input(node, 1):
+        k = _shape(ins, 1)
+        kv_len = k[2] if len(k) == 4 else k[1]
+    if _has_input(node, 6):
+        kv_len += _shape(ins, 6)[2]
+    bias = (sum(_numel(ins, i) for i in range(3) if _has_input(node, i))
+            if _has_input(node, 3) else 0)
+    scores = q[0] * q[1] * heads * kv_len
+    mask = _has_input(node, 4) or _has_input(node, 5)
+    return float(bias + scores * (2 * head_qk + 2 * (y[-1] // heads) + 5 + mask))
+
+
+def _group_query_attention(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
+    """onnxruntime's ``com.microsoft`` GroupQueryAttention: ``num_heads`` query heads
+    share ``kv_num_heads`` key/value heads, so the scores are those of ``num_heads``
+    heads (output (batch, seq, num_heads * head_size)) over the keys the present key
+    (batch, kv_num_heads, total, head_size) holds, or the past and the new ones; the
+    rotary embedding is not counted."""
+    q, y = _shape(ins, 0), _shape(outs, 0)
+    heads = _attr(node, "num_heads", 1)
+    head = y[-1] // heads
+    if len(outs) > 1 and outs[1] is not None:
+        kv_len = outs[1][2]
+    else:
+        kv_len = q[1] + (_shape(ins, 3)[2] if _has_input(node, 3) else 0)
+    return float(q[0] * q[1] * heads * kv_len * (4 * head + 5))
+
+
 # ---------------------------------------------------------------- per element
 def _per_output(flops_per_element: float) -> _Rule:
     def rule(node: NodeProto, ins: Shapes, outs: Shapes) -> float:
@@ -270,6 +313,8 @@ for _rule, _ops in [(_per_output(1), f"{_UNARY_1} {_BINARY_1}"),
 #: inputs), by ``(domain, op_type)``; they come before `RULES`.
 DOMAIN_RULES: dict[tuple[str, str], _Rule] = {
     ("com.microsoft", "Attention"): _packed_attention,
+    ("com.microsoft", "MultiHeadAttention"): _multi_head_attention,
+    ("com.microsoft", "GroupQueryAttention"): _group_query_attention,
 }
 
 

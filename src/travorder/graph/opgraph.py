@@ -465,12 +465,25 @@ class OpGraph:
         return self._csr(self.dst, np.arange(self.n_edges, dtype=np.int64))
 
     def successors(self, i: int) -> np.ndarray:
+        """Indices of the nodes that ``i`` has an edge to."""
         ptr, idx = self.succ_csr
+        i = self._node_index(i)
         return idx[ptr[i]:ptr[i + 1]]
 
     def predecessors(self, i: int) -> np.ndarray:
+        """Indices of the nodes that have an edge to ``i``."""
         ptr, idx = self.pred_csr
+        i = self._node_index(i)
         return idx[ptr[i]:ptr[i + 1]]
+
+    def _node_index(self, i: int) -> int:
+        # a negative index would slice the CSR arrays into another node's neighbours
+        if isinstance(i, bool) or not isinstance(i, int | np.integer):
+            raise TypeError(f"a node index is an integer, not {type(i).__name__}")
+        if not 0 <= i < self.n_nodes:
+            raise IndexError(f"node {i} is not in this graph of {self.n_nodes} nodes "
+                             f"(0 to {self.n_nodes - 1})")
+        return int(i)
 
     @cached_property
     def in_degree(self) -> np.ndarray:

@@ -55,8 +55,12 @@ def active_model_dir(path: str | os.PathLike[str] | None = None,
     env = os.environ.get("TRAVORDER_MODEL")
     if env:
         return Path(env), "TRAVORDER_MODEL"
-    if (user_model_dir(placer) / MANIFEST).exists():
-        return user_model_dir(placer), "user default"
+    user = user_model_dir(placer)
+    if (user / MANIFEST).exists():
+        return user, "user default"
+    if user.exists():  # said, so that a model copied there by hand is not missed unseen
+        what = "a folder without manifest.json" if user.is_dir() else "a file"
+        return bundled_model_dir(placer), f"bundled default; {user} is {what}, not a model"
     return bundled_model_dir(placer), "bundled default"
 
 
