@@ -560,6 +560,23 @@ def test_control_flow_is_refused_with_the_node_name():
                      [value("x", [2]), value("c", [], TensorProto.BOOL)], [value("y", [2])])
     with pytest.raises(FormatError, match=r"node 'branch' \(If\) has a subgraph"):
         read_onnx(model)
+    # inside a model-local function: named as the file names it (once the inlined 'branch__1')
+    inner = helper.make_function("local", "block", ["x", "c"], ["y"],
+                                 list(model.graph.node), [helper.make_opsetid("", 17)])
+    outer = helper.make_function("local", "stage", ["x", "c"], ["y"],
+                                 [helper.make_node("block", ["x", "c"], ["y"], domain="local",
+                                                   name="call_block")],
+                                 [helper.make_opsetid("local", 1)])
+    nested = model_of([helper.make_node("stage", ["x", "c"], ["y"], domain="local",
+                                        name="stage3")],
+                      [value("x", [2]), value("c", [], TensorProto.BOOL)], [value("y", [2])],
+                      domains=["local"])
+    nested.functions.extend([inner, outer])
+    with pytest.raises(FormatError, match=r"node 'branch' \(If\) of function 'block', called "
+                                          r"by node 'call_block' \(block\) of function "
+                                          r"'stage', called by node 'stage3' \(stage\) has a "
+                                          r"subgraph"):
+        read_onnx(nested)
     body = helper.make_graph(
         [helper.make_node("Identity", ["cond"], ["cond_out"]),
          helper.make_node("Add", ["v", "v"], ["v_out"])], "body",

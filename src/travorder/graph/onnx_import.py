@@ -31,7 +31,8 @@ value's dimension of -1 is an exporter's "any", and unknown).
 
 Model-local functions are inlined first. Control flow (``If``, ``Loop``, ``Scan``: any
 node with a subgraph) is refused with a :class:`~travorder.errors.FormatError` naming
-the node, since its cost depends on run-time data.
+the node (inside a function: the function and the node that calls it), since its cost
+depends on run-time data.
 
 >>> from travorder.datasets.onnx_examples import residual_cnn
 >>> g = read_onnx(residual_cnn(blocks=1))
@@ -44,7 +45,7 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -93,15 +94,13 @@ def read_onnx(
     :class:`~travorder.errors.GraphError` for a cyclic graph.
     """
     model, where = _load(source)
+    control_flow = _control_flow_node(model)
+    if control_flow:
+        raise FormatError(
+            f"{where}: node {control_flow} has a subgraph; control flow (If/Loop/Scan) "
+            "cannot be costed statically, export the model with it unrolled or removed")
     if model.functions:
         model = onnx.inliner.inline_local_functions(model)
-    for i, node in enumerate(model.graph.node):
-        if any(a.type in _SUBGRAPH_TYPES for a in node.attribute):
-            raise FormatError(
-                f"{where}: node {_base_name(node, i)!r} ({node.op_type}) has a subgraph; "
-                "control flow (If/Loop/Scan) cannot be costed statically, export the "
-                "model with it unrolled or removed"
-            )
     check_dims(dims)
     _check_declared(model.graph, where)
     inferred, symbolic = _infer_shapes(model, dict(dims or {}), where)
@@ -305,6 +304,26 @@ def _is_constant(node: NodeProto) -> bool:
 
 def _base_name(node: NodeProto, index: int) -> str:
     return node.name or f"{node.op_type}_{index}"
+
+
+def _control_flow_node(model: ModelProto) -> str | None:
+    """The first node with a subgraph, named as the file names it (inside a model-local
+    function: the function and the node that calls it), or None."""
+    functions = {(f.domain, f.name): f for f in model.functions}
+
+    def search(nodes: Sequence[NodeProto], seen: frozenset[tuple[str, str]]) -> str | None:
+        for i, node in enumerate(nodes):
+            name = f"{_base_name(node, i)!r} ({node.op_type})"
+            if any(a.type in _SUBGRAPH_TYPES for a in node.attribute):
+                return name
+            key = (node.domain, node.op_type)
+            if key in functions and key not in seen:
+                inner = search(functions[key].node, seen | {key})
+                if inner:
+                    return f"{inner} of function {node.op_type!r}, called by node {name}"
+        return None
+
+    return search(model.graph.node, frozenset())
 
 
 def _input_meta(inferred: GraphProto, params: set[str]) -> dict[str, Any]:
