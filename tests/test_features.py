@@ -105,6 +105,14 @@ def test_single_op_and_measured_times():
         graph_features(OpGraph([], [], []))
 
 
+def test_cost_shares_of_costs_near_the_float_limit():
+    # each cost and their total fit a float; rank times cost once overflowed (gini NaN)
+    ops = [("a", "Gemm"), ("b", "Gemm"), ("c", "Gemm")]
+    huge = graph_features(graph(ops, [("a", "b"), ("b", "c")], time_us=[5e307, 5e307, 0]))
+    small = graph_features(graph(ops, [("a", "b"), ("b", "c")], time_us=[5.0, 5.0, 0]))
+    assert huge["cost_gini"] == pytest.approx(small["cost_gini"]) == pytest.approx(1 / 3)
+
+
 def test_training_graph_features():
     f = graph_features(training_graph(five()))
     assert f["backward_share"] == 0.5

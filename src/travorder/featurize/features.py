@@ -95,12 +95,11 @@ def critical_path_cost(g: OpGraph, cost: np.ndarray) -> float:
 
 def _gini(x: np.ndarray) -> float:
     """Gini coefficient of non-negative values (0: all equal, near 1: one holds all)."""
-    x = np.sort(x)
-    total = float(x.sum())
-    if x.size == 0 or total == 0:
+    if x.size == 0 or not x.max() > 0:
         return 0.0
+    x = np.sort(x) / x.max()  # scale-free, and no overflow for costs near the float limit
     ranks = np.arange(1, x.size + 1)
-    return float(2 * np.sort(ranks * x).sum() / (x.size * total) - (x.size + 1) / x.size)
+    return float(2 * (ranks * x).sum() / (x.size * x.sum()) - (x.size + 1) / x.size)
 
 
 def graph_features(g: OpGraph) -> dict[str, float]:
