@@ -95,9 +95,10 @@ def critical_path_cost(g: OpGraph, cost: np.ndarray) -> float:
 
 def _gini(x: np.ndarray) -> float:
     """Gini coefficient of non-negative values (0: all equal, near 1: one holds all)."""
-    if x.size == 0 or not x.max() > 0:
+    x = np.sort(x)
+    if x.size == 0 or not x[-1] > 0:
         return 0.0
-    x = np.sort(x) / x.max()  # scale-free, and no overflow for costs near the float limit
+    x = x / x[-1]  # scale-free, and no overflow for costs near the float limit
     ranks = np.arange(1, x.size + 1)
     return float(2 * (ranks * x).sum() / (x.size * x.sum()) - (x.size + 1) / x.size)
 
