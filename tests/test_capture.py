@@ -149,3 +149,87 @@ def test_a_forward_of_any_number_of_inputs_takes_them_all():
             return xs[0] + xs[1] + xs[2]
 
     assert capture(Sum(), (torch.ones(2),) * 3).graph.n_nodes > 0
+
+
+class _Counting(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls.add_(1)  # on a real tensor: run once by fx's trace, then gone
+        return self.lin(x)
+
+
+class _FixedNoise(nn.Module):
+    def __init__(self, like_input: bool = False):
+        super().__init__()
+        self.lin, self.like_input = nn.Linear(4, 4), like_input
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h + (torch.randn_like(h) if self.like_input else torch.randn(4))
+
+
+def test_what_tracing_would_freeze_is_refused_and_undone():
+    model, noisy, like = _Counting(), _FixedNoise(), _FixedNoise(like_input=True)
+    rng = torch.random.get_rng_state()
+    with pytest.raises(TravorderError, match=r"_Counting's forward changes 'calls' by code "
+                                             r"torch\.fx does not record"):
+        capture(model, torch.ones(2, 4))
+    assert model.calls.item() == 0  # as it was (once 1, and the placed module never added)
+    with pytest.raises(TravorderError, match=r"_FixedNoise's forward draws random numbers "
+                                             r"of a fixed shape"):
+        capture(noisy, torch.ones(2, 4))  # once frozen into a constant
+    assert torch.equal(torch.random.get_rng_state(), rng)  # once one draw consumed
+    g = capture_graph(like, torch.ones(2, 4))
+    assert "randn_like" in g.names.tolist()
+    assert torch.equal(torch.random.get_rng_state(), rng)
+
+
+def test_attention_flops_on_the_cpu():
+    class Attend(nn.Module):
+        def forward(self, q, k, v):
+            return nn.functional.scaled_dot_product_attention(q, k, v)
+
+    q, k = torch.ones(2, 4, 16, 8), torch.ones(2, 4, 32, 8)
+    # Q K^T, then scores V: 2 * (2*4) * 16 * 32 * 8 each (once 0: the CPU's flash kernel)
+    assert capture_graph(Attend(), (q, k, k)).flops.tolist() == [2 * 2 * 8 * 16 * 32 * 8]
+    v = torch.ones(2, 4, 32, 6)  # another head size for V: the math kernel, as ever
+    assert capture_graph(Attend(), (q, k, v)).flops.tolist() == [
+        2 * 8 * 16 * 32 * 8 + 2 * 8 * 16 * 32 * 6]
+
+
+class _Masked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, mask=None, *, scale=2.0, shift=False):
+        h = self.lin(x) * scale
+        if shift:  # a Python branch on a default: fine once the default is fixed
+            h = h + 1
+        return h if mask is None else h * mask
+
+
+def test_inputs_not_given_take_their_defaults():
+    model, x = _Masked(), torch.ones(3, 4)
+    cap = capture(model, x)  # once a FakeTensor TypeError: mask traced as an input
+    assert cap.graph.names.tolist() == ["lin", "mul"]  # no fx checks of the defaults
+    assert torch.equal(cap.module(x), model(x))
+    with pytest.raises(TypeError):  # a mask given to the captured code is refused
+        cap.module(x, torch.zeros(3, 4))
+    masked = capture(model, (x, torch.zeros(3, 4)))
+    assert masked.graph.names.tolist() == ["lin", "mul", "mul_1"]
+    with pytest.raises(TravorderError, match=r"_Masked failed on the example inputs: its "
+                                             r"forward takes 2 inputs, 3 were given"):
+        capture(model, (x, x, x))
+
+    class Pair(nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    with pytest.raises(TravorderError, match=r"Pair failed on the example inputs: its "
+                                             r"forward needs 'y', not given"):
+        capture(Pair(), x)

@@ -339,6 +339,31 @@ def test_bad_devices():
         apply(model, x, [0] * 11, ["cpu"])
 
 
+class _DropoutByMode(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return F.dropout(self.lin(x), 0.5, training=self.training)  # read when traced
+
+
+def test_a_forward_reading_its_mode_keeps_the_mode_it_was_placed_in():
+    model, x = _DropoutByMode(), torch.ones(4, 8)
+    placed = apply(model, x, [0, 1], CPUS[:2])
+    placed.train()  # the mode it has: fine
+    with pytest.raises(TravorderError, match=r"Placed_DropoutByMode was placed in train "
+                                             r"mode and its forward reads self\.training"):
+        placed.eval()  # once: still dropping out after eval()
+    assert placed.training
+    evaluating = apply(model.eval(), x, [0, 1], CPUS[:2])
+    assert torch.equal(evaluating(x), model(x))  # no dropout
+    assert evaluating.lin is placed.lin  # the two share parameters
+    plain = apply(nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)), x, [0, 1], CPUS[:2])
+    plain.eval()  # a dropout module reads its mode when it runs: switches as ever
+    assert not plain.training and torch.equal(plain(x), plain(x))
+
+
 def test_long_library_errors_are_cut_to_their_first_sentence():
     from travorder.errors import first_line
 

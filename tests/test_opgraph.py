@@ -373,6 +373,8 @@ def test_misnamed_files_are_read_by_their_content(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(FormatError, match="no such file"):
         load_graph(tmp_path / "nope.onnx")
+    with pytest.raises(FormatError, match="empty path"):  # once "'.': is a directory"
+        load_graph("")
 
 
 @settings(max_examples=60, deadline=None)

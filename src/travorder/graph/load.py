@@ -28,6 +28,8 @@ def sniff_format(path: str | os.PathLike[str]) -> str:
 
     Raises :class:`FormatError` for a missing, empty or unreadable file.
     """
+    if not os.fspath(path):
+        raise FormatError("empty path: give the model file to read")
     p = Path(path)
     if not p.exists():
         raise FormatError(f"{p}: no such file")

@@ -4,6 +4,9 @@ The module is traced with ``torch.fx.symbolic_trace`` and run once on the exampl
 with fake tensors (shapes and dtypes only, no computation, so capturing a large model is
 cheap), or for real if an op needs the data (``nonzero``, ``item``); either way without
 gradients, and with its buffers and the random number generators restored afterwards.
+What tracing would freeze into the graph (a buffer the forward changes itself, a random
+draw of a fixed shape) is refused; forward parameters after the example inputs take their
+defaults.
 Every ``call_module``, ``call_function`` and ``call_method`` node is an op of the
 `OpGraph`, under the fx node's name, so a placement of the graph maps back to the code
 that runs (see :mod:`travorder.placement.launch`). Per op:
@@ -34,6 +37,7 @@ changed consume its output (`follow_in_place`).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -48,7 +52,7 @@ from torch._subclasses.fake_tensor import (
     UnsupportedOperatorException,
 )
 from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from travorder.errors import TravorderError, first_line
 from travorder.graph.opgraph import OpGraph
@@ -80,19 +84,120 @@ def as_inputs(example_inputs: Any) -> tuple[Any, ...]:
     return (example_inputs,)
 
 
-def trace(module: torch.nn.Module) -> fx.GraphModule:
+def _concrete_args(module: torch.nn.Module, n_inputs: int) -> dict[str, Any]:
+    """The forward's parameters after its first ``n_inputs`` (the positional inputs it is
+    called with), each with its default: fx fixes them in the graph, where it would trace
+    an optional ``mask=None`` as an input and take the wrong side of ``mask is None``.
+    TravorderError if the forward takes fewer inputs, or needs one not given."""
+    try:
+        params = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):  # a forward without a signature: fx finds out
+        return {}
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return {}
+    cls = type(module).__name__
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if n_inputs > len(positional):  # fx would drop the extra ones without a word
+        takes = len(positional)
+        raise TravorderError(f"{cls} failed on the example inputs: its forward takes "
+                             f"{takes} input{'s' * (takes != 1)}, {n_inputs} were given")
+    rest = [p for p in params[n_inputs:] if p.kind is not p.VAR_KEYWORD]
+    needed = next((p.name for p in rest if p.default is p.empty), None)
+    if needed is not None:
+        raise TravorderError(f"{cls} failed on the example inputs: its forward needs "
+                             f"{needed!r}, not given (the example inputs are the forward's "
+                             f"positional arguments: a tensor, or a tuple of them)")
+    return {p.name: p.default for p in rest}
+
+
+def _rng_states(devices: Sequence[int]) -> list[torch.Tensor]:
+    return [torch.random.get_rng_state(), *(torch.cuda.get_rng_state(d) for d in devices)]
+
+
+def _cuda_indices(gm: torch.nn.Module, inputs: Sequence[Any] = ()) -> list[int]:
+    return sorted({t.device.index or 0 for t in [*gm.parameters(), *gm.buffers(),
+                                                 *tree_leaves(inputs)]
+                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+
+
+@contextlib.contextmanager
+def _nothing_frozen(module: torch.nn.Module) -> Iterator[None]:
+    """fx runs the forward's Python for real while tracing: what does not touch an input
+    (a buffer changed in place, a random draw of a fixed shape) happens once, then, and
+    the graph holds its result as a constant. TravorderError for either, with the
+    module's buffers and the random number generators as they were."""
+    cls = type(module).__name__
+    before = {n: (t, t._version) for n, t in [*module.named_parameters(),
+                                               *module.named_buffers()]}
+    saved = {n: b.clone() for n, b in module.named_buffers()}
+    cuda = _cuda_indices(module)
+    with torch.random.fork_rng(devices=cuda):
+        rng = _rng_states(cuda)
+        yield
+        drew = not all(map(torch.equal, rng, _rng_states(cuda)))
+    after = dict([*module.named_parameters(), *module.named_buffers()])
+    changed = next((n for n, (t, version) in before.items()
+                    if after.get(n) is not t or t._version != version), None)
+    if changed is not None:
+        with torch.no_grad():
+            for n, value in saved.items():
+                owner, _, attr = n.rpartition(".")
+                module.get_submodule(owner).register_buffer(attr, before[n][0])
+                before[n][0].copy_(value)
+        raise TravorderError(
+            f"{cls}'s forward changes {changed!r} by code torch.fx does not record (on the "
+            f"module's own tensor, not on an input): the placed module would never change "
+            f"it; keep it out of forward, or move it into a submodule, whose call the graph "
+            f"records")
+    if drew:
+        raise TravorderError(
+            f"{cls}'s forward draws random numbers of a fixed shape (as torch.randn(4)): "
+            f"torch.fx draws them once, when tracing, and the graph would repeat that draw; "
+            f"draw them from an input's shape (torch.randn_like(x), torch.randn(x.shape))")
+
+
+def trace(module: torch.nn.Module, n_inputs: int | None = None) -> fx.GraphModule:
     """``torch.fx.symbolic_trace``, with a failure reported as a `TravorderError`, and the
-    ops after an in-place op reading its result (`follow_in_place`)."""
+    ops after an in-place op reading its result (`follow_in_place`).
+
+    Given ``n_inputs``, the forward's parameters after its first ``n_inputs`` take their
+    defaults (`_concrete_args`). TravorderError if tracing would freeze a buffer change or
+    a random draw into the graph (`_nothing_frozen`).
+    """
     if not isinstance(module, torch.nn.Module):
         raise TravorderError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    concrete = None if n_inputs is None else _concrete_args(module, n_inputs) or None
     try:
-        gm = fx.symbolic_trace(module)
+        with _nothing_frozen(module):
+            gm = fx.symbolic_trace(module, concrete_args=concrete)
+    except TravorderError:
+        raise
     except Exception as exc:  # fx raises TraceError, TypeError, NotImplementedError...
         msg = first_line(exc)
         raise TravorderError(f"cannot trace {type(module).__name__} with torch.fx: {msg}"
                              ) from None
+    if concrete:
+        _drop_fixed(gm, n_inputs, len(concrete))
     follow_in_place(gm)
     return gm
+
+
+def _drop_fixed(gm: fx.GraphModule, n_inputs: int, n_fixed: int) -> None:
+    """Remove the inputs fixed to their defaults, with the checks fx adds that each keeps
+    its value: those checks are no ops, and without the input the placed module refuses
+    one given (a TypeError) rather than assert on it."""
+    fixed = [n for n in gm.graph.nodes if n.op == "placeholder"][n_inputs:n_inputs + n_fixed]
+    doomed: dict[fx.Node, None] = {}
+    stack = list(fixed)
+    while stack:
+        node = stack.pop()
+        if node not in doomed:
+            doomed[node] = None
+            stack.extend(node.users)
+    position = {n: i for i, n in enumerate(gm.graph.nodes)}
+    for node in sorted(doomed, key=position.__getitem__, reverse=True):
+        gm.graph.erase_node(node)
+    gm.recompile()
 
 
 def _mutated(gm: fx.GraphModule, node: fx.Node) -> fx.Node | None:
@@ -209,9 +314,7 @@ def tensor_users(gm: fx.GraphModule) -> dict[str, tuple[str, ...]]:
 @contextlib.contextmanager
 def _side_effect_free(gm: fx.GraphModule, inputs: Sequence[Any]) -> Iterator[None]:
     """Restore buffers (BatchNorm statistics) and the RNG states after a forward run."""
-    cuda = sorted({t.device.index or 0 for t in [*gm.parameters(), *gm.buffers(),
-                                                 *tree_leaves(inputs)]
-                   if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+    cuda = _cuda_indices(gm, inputs)
     saved = [(b, b.clone()) for b in gm.buffers()]
     with torch.random.fork_rng(devices=cuda), torch.no_grad():
         try:
@@ -227,12 +330,21 @@ _NEEDS_DATA = (DataDependentOutputException, DynamicOutputShapeException,
                UnsupportedOperatorException)
 
 
+def _sdpa_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any,
+                out_shape: Any = None, **kwargs: Any) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+#: Kernels FlopCounterMode has no rule for: attention on the CPU (its CUDA kernels have one).
+_FLOP_RULES = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_flops}
+
+
 class _Profiler(fx.Interpreter):
     """Runs the graph, recording each node's FLOPs and output bytes."""
 
     def __init__(self, gm: fx.GraphModule) -> None:
         super().__init__(gm)
-        self.counter = FlopCounterMode(display=False)
+        self.counter = FlopCounterMode(display=False, custom_mapping=_FLOP_RULES)
         self.flops: dict[str, int] = {}
         self.nbytes: dict[str, int] = {}
 
@@ -276,14 +388,7 @@ def capture(module: torch.nn.Module, example_inputs: Any, *, name: str | None = 
         raise TravorderError(f"the example inputs hold a batch of 0 samples (the first "
                              f"dimension of the first input, {tuple(first.shape)}): give "
                              f"one or more")
-    gm = trace(module)
-    placeholders = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
-    takes = len(placeholders)
-    if len(inputs) > takes and not any(p.startswith("*") for p in placeholders):
-        # fx would drop the extra ones without a word
-        raise TravorderError(f"{type(module).__name__} failed on the example inputs: its "
-                             f"forward takes {takes} input{'s' * (takes != 1)}, "
-                             f"{len(inputs)} were given")
+    gm = trace(module, len(inputs))
     profiler = _Profiler(gm)
     try:
         try:

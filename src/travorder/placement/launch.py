@@ -48,7 +48,7 @@ from travorder.errors import TravorderError, check_flag, first_line
 from travorder.graph.opgraph import OpGraph
 from travorder.graph.prepare import placed_graph
 from travorder.graph.training import training_graph
-from travorder.placement.capture import OP_KINDS, as_inputs, capture, node_tensors
+from travorder.placement.capture import OP_KINDS, as_inputs, capture, node_tensors, trace
 from travorder.placement.placement_file import describe_step, load_placement
 
 
@@ -236,6 +236,40 @@ def _placed_graph(gm: fx.GraphModule, slots: Mapping[str, int], devices: Sequenc
     return graph
 
 
+class ModeFixedGraphModule(fx.GraphModule):
+    """A placed module whose forward reads ``training`` (``F.dropout(x,
+    training=self.training)``): torch.fx fixed that mode in its code at capture, so it
+    refuses to switch (`train`, `eval`) rather than keep running in the old one."""
+
+    captured_training: bool
+
+    def train(self, mode: bool = True) -> ModeFixedGraphModule:
+        if bool(mode) != self.captured_training:
+            now, asked = ("eval", "train") if mode else ("train", "eval")
+            raise TravorderError(
+                f"{type(self).__name__} was placed in {now} mode and its forward reads "
+                f"self.training, which torch.fx fixed in the placed code: it cannot switch "
+                f"to {asked} mode; apply the placement to the module in {asked} mode too "
+                f"(module.{asked}(), then apply: the two share parameters)")
+        return super().train(mode)
+
+
+def reads_training(module: torch.nn.Module, n_inputs: int, gm: fx.GraphModule) -> bool:
+    """Whether ``module``'s traced code (``gm``, traced in the mode it is in) changes in the
+    other mode: its forward, or a submodule's that fx traces through, reads ``training``."""
+    modes = {m: m.training for m in module.modules()}
+    try:
+        for m in modes:
+            m.training = not modes[m]
+        other = trace(module, n_inputs)
+    except TravorderError:  # untraceable in the other mode: it reads the mode too
+        return True
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    return other.code != gm.code
+
+
 def _move_(tensor: torch.Tensor, device: str) -> None:
     """Move a parameter or buffer in place, keeping its identity (as ``Module.to`` does)."""
     with torch.no_grad():
@@ -263,6 +297,8 @@ def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
     placement of another graph, of the wrong length, naming a slot beyond ``devices``, or
     made for a cluster of another size than ``devices`` (placement files and
     `PlacementResult`s know it), and for a device torch does not know or this machine lacks.
+    A module whose forward reads ``training`` gives a `ModeFixedGraphModule` (it keeps the
+    mode ``module`` is in).
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
@@ -296,8 +332,12 @@ def apply(module: torch.nn.Module, example_inputs: Any, placement: Any,
                 _move_(tensor, devs[tensor_slots[name]])
 
     graph = _placed_graph(cap.module, slots, devs, tensors, tensor_slots, out_dev)
-    placed = fx.GraphModule(cap.module, graph, class_name=f"Placed{type(module).__name__}")
+    fixed = reads_training(module, len(as_inputs(example_inputs)), cap.module)
+    placed = (ModeFixedGraphModule if fixed else fx.GraphModule)(
+        cap.module, graph, class_name=f"Placed{type(module).__name__}")
     placed.training = module.training
+    if fixed:
+        placed.captured_training = module.training
     placed.devices = tuple(devs)
     placed.op_devices = slots
     placed.tensor_devices = tensor_slots
