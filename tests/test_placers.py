@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -257,6 +258,25 @@ def test_bad_input() -> None:
         place_graph(CHAINS, "k80x99", "greedy")
     with pytest.raises(TravorderError, match="floor must be True or False, not 'no'"):
         place_graph(CHAINS, cluster(), "greedy", floor="no")  # once read as True
+
+
+@pytest.mark.parametrize("name", sorted(PLACERS))
+def test_times_that_overflow_are_one_error_before_any_placer(name) -> None:
+    g = OpGraph(["a", "b", "c"], [0, 1], [1, 2], flops=[1e9] * 3, edge_bytes=[1e3] * 2)
+    slow = cluster(flops=(1e-300, 1e-300))  # each op 1e309 us: more than a float holds
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # contiguous once warned of nan first
+        with pytest.raises(TravorderError, match="add up to more than a float holds"):
+            place_graph(g, slow, name)  # m_sct once: scipy's ValueError on an inf bound
+
+
+def test_m_sct_places_finite_times_beyond_the_lps_range() -> None:
+    huge = OpGraph(["r", "b", "a"], [0, 0], [1, 2], time_us=[1e299] * 3,
+                   edge_bytes=[0.0, 3000.0])  # FORK with 1e299 us per op
+    result = place_graph(huge, cluster(), "m_sct")  # once "LP failed: Model error"
+    assert result.step_time_us == pytest.approx(2e299)  # r, then b beside a
+    assert favourite_children(huge, cluster()).tolist() == \
+        favourite_children(FORK, cluster()).tolist()  # the LP's answer in any unit
 
 
 @pytest.mark.parametrize("name", ["round_robin", "random", "contiguous", "greedy", "rl"])

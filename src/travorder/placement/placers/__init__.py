@@ -36,7 +36,13 @@ import numpy as np
 from travorder.errors import TravorderError, check_flag, check_seed
 from travorder.graph import OpGraph
 from travorder.graph.opgraph import check_graph
-from travorder.placement.clusters import Cluster, ClusterSource, load_cluster
+from travorder.placement.clusters import (
+    Cluster,
+    ClusterSource,
+    check_in_range,
+    compute_times,
+    load_cluster,
+)
 from travorder.placement.orders import traversal_order
 from travorder.placement.placers.baechi import m_etf, m_sct, m_topo
 from travorder.placement.placers.heuristics import (
@@ -191,13 +197,15 @@ def place_graph(graph: OpGraph, cluster: ClusterSource, placer: str = "greedy",
     slower than a feasible single-device one (or infeasible where that one fits) is
     replaced by the single-device placement, flagged ``fallback``.
 
-    Raises TravorderError for an unknown placer, order or option.
+    Raises TravorderError for an unknown placer, order or option, and for op and transfer
+    times that overflow a float (`check_in_range`).
     """
     cluster = load_cluster(cluster)
     check_graph(graph, "place_graph")
     seed = check_seed(seed)  # np.int64 too: the result's seed is an int
     fn = get_placer(placer)
     _check_options(placer, fn, options)
+    check_in_range(graph, cluster, compute_times(graph, cluster))  # before a placer sums
     t0 = time.perf_counter()
     visit = traversal_order(graph, order, seed)
     out = fn(graph, cluster, visit, seed, **options)

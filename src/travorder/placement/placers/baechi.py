@@ -53,6 +53,11 @@ def m_topo(graph: OpGraph, cluster: Cluster, order: np.ndarray, seed: int,
     return book.placement()
 
 
+#: Op and transfer times (us) above which the favourite-child LP is solved in units of the
+#: largest (the same LP; below it the LP stays in us, so that its ties break as they did).
+_LARGEST_TIME_US = 1e12
+
+
 def favourite_children(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     """Each node's favourite child (-1 for none) from Baechi's LP relaxation.
 
@@ -79,6 +84,9 @@ def favourite_children(graph: OpGraph, cluster: Cluster) -> np.ndarray:
         c = lat + graph.edge_bytes * inv_bw
     else:
         c = np.zeros(m)
+    scale = max(p.max(), c.max())
+    if scale > _LARGEST_TIME_US:  # HiGHS refuses coefficients near 1e20 as a model error
+        p, c = p / scale, c / scale
     es = np.arange(m)
     rows, cols, vals, rhs = [], [], [], []
 
