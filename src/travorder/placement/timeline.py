@@ -144,6 +144,8 @@ def trace_events(tl: Timeline) -> dict[str, Any]:
     ``ts``/``dur`` in us, category ``forward`` or ``backward``) on its device's track with
     ``args`` node, op_type, output_bytes; each transfer one on each queue it holds, with
     ``args`` bytes, src, dst and the producer's name. Metadata events name the tracks.
+    No event stands for a gap after an op or a bus busy after a transfer (``placeto``
+    semantics), so ``otherData``'s step time can end after the last event.
     """
     g, r, c = _check_timeline(tl, "trace_events").graph, tl.result, tl.cluster
     names = g.names.tolist()
