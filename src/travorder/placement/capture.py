@@ -124,26 +124,22 @@ def _cuda_indices(gm: torch.nn.Module, inputs: Sequence[Any] = ()) -> list[int]:
 def _nothing_frozen(module: torch.nn.Module) -> Iterator[None]:
     """fx runs the forward's Python for real while tracing: what does not touch an input
     (a buffer changed in place, a random draw of a fixed shape) happens once, then, and
-    the graph holds its result as a constant. TravorderError for either, with the
-    module's buffers and the random number generators as they were."""
+    the graph holds its result as a constant. TravorderError for either; run inside
+    `_side_effect_free`, which puts the buffers' values and the RNG states back."""
     cls = type(module).__name__
-    before = {n: (t, t._version) for n, t in [*module.named_parameters(),
-                                               *module.named_buffers()]}
-    saved = {n: b.clone() for n, b in module.named_buffers()}
+    buffers = dict(module.named_buffers())
+    before = {n: (t, t._version) for n, t in [*module.named_parameters(), *buffers.items()]}
     cuda = _cuda_indices(module)
-    with torch.random.fork_rng(devices=cuda):
-        rng = _rng_states(cuda)
-        yield
-        drew = not all(map(torch.equal, rng, _rng_states(cuda)))
+    rng = _rng_states(cuda)
+    yield
+    drew = not all(map(torch.equal, rng, _rng_states(cuda)))
     after = dict([*module.named_parameters(), *module.named_buffers()])
     changed = next((n for n, (t, version) in before.items()
                     if after.get(n) is not t or t._version != version), None)
     if changed is not None:
-        with torch.no_grad():
-            for n, value in saved.items():
-                owner, _, attr = n.rpartition(".")
-                module.get_submodule(owner).register_buffer(attr, before[n][0])
-                before[n][0].copy_(value)
+        for n, t in buffers.items():  # one rebound (self.n = self.n + 1): the old one back
+            owner, _, attr = n.rpartition(".")
+            module.get_submodule(owner).register_buffer(attr, t)
         raise TravorderError(
             f"{cls}'s forward changes {changed!r} by code torch.fx does not record (on the "
             f"module's own tensor, not on an input): the placed module would never change "
@@ -156,19 +152,19 @@ def _nothing_frozen(module: torch.nn.Module) -> Iterator[None]:
             f"draw them from an input's shape (torch.randn_like(x), torch.randn(x.shape))")
 
 
-def trace(module: torch.nn.Module, n_inputs: int | None = None) -> fx.GraphModule:
+def trace(module: torch.nn.Module, n_inputs: int) -> fx.GraphModule:
     """``torch.fx.symbolic_trace``, with a failure reported as a `TravorderError`, and the
     ops after an in-place op reading its result (`follow_in_place`).
 
-    Given ``n_inputs``, the forward's parameters after its first ``n_inputs`` take their
+    The forward's parameters after its first ``n_inputs`` (the example inputs) take their
     defaults (`_concrete_args`). TravorderError if tracing would freeze a buffer change or
     a random draw into the graph (`_nothing_frozen`).
     """
     if not isinstance(module, torch.nn.Module):
         raise TravorderError(f"expected a torch.nn.Module, got {type(module).__name__}")
-    concrete = None if n_inputs is None else _concrete_args(module, n_inputs) or None
+    concrete = _concrete_args(module, n_inputs) or None
     try:
-        with _nothing_frozen(module):
+        with _side_effect_free(module, ()), _nothing_frozen(module):
             gm = fx.symbolic_trace(module, concrete_args=concrete)
     except TravorderError:
         raise
@@ -187,16 +183,16 @@ def _drop_fixed(gm: fx.GraphModule, n_inputs: int, n_fixed: int) -> None:
     its value: those checks are no ops, and without the input the placed module refuses
     one given (a TypeError) rather than assert on it."""
     fixed = [n for n in gm.graph.nodes if n.op == "placeholder"][n_inputs:n_inputs + n_fixed]
-    doomed: dict[fx.Node, None] = {}
+    doomed: set[fx.Node] = set()
     stack = list(fixed)
     while stack:
         node = stack.pop()
         if node not in doomed:
-            doomed[node] = None
+            doomed.add(node)
             stack.extend(node.users)
-    position = {n: i for i, n in enumerate(gm.graph.nodes)}
-    for node in sorted(doomed, key=position.__getitem__, reverse=True):
-        gm.graph.erase_node(node)
+    for node in reversed(list(gm.graph.nodes)):  # users before what they use
+        if node in doomed:
+            gm.graph.erase_node(node)
     gm.recompile()
 
 
@@ -312,16 +308,18 @@ def tensor_users(gm: fx.GraphModule) -> dict[str, tuple[str, ...]]:
 
 
 @contextlib.contextmanager
-def _side_effect_free(gm: fx.GraphModule, inputs: Sequence[Any]) -> Iterator[None]:
-    """Restore buffers (BatchNorm statistics) and the RNG states after a forward run."""
-    cuda = _cuda_indices(gm, inputs)
-    saved = [(b, b.clone()) for b in gm.buffers()]
-    with torch.random.fork_rng(devices=cuda), torch.no_grad():
+def _side_effect_free(module: torch.nn.Module, inputs: Sequence[Any]) -> Iterator[None]:
+    """Restore buffers (BatchNorm statistics) and the RNG states after a forward run or a
+    trace."""
+    cuda = _cuda_indices(module, inputs)
+    saved = [(b, b.clone()) for b in module.buffers()]
+    with torch.random.fork_rng(devices=cuda):
         try:
             yield
         finally:
-            for b, v in saved:
-                b.copy_(v)
+            with torch.no_grad():
+                for b, v in saved:
+                    b.copy_(v)
 
 
 #: What fake tensors cannot run: ops whose output shape or value depends on the data,
@@ -357,7 +355,8 @@ class _Profiler(fx.Interpreter):
 
     def profile(self, inputs: Sequence[Any], fake: bool) -> None:
         mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-        with _side_effect_free(self.module, inputs), _quiet_fake_tensors(), mode, self.counter:
+        with _side_effect_free(self.module, inputs), torch.no_grad(), _quiet_fake_tensors(), \
+                mode, self.counter:
             self.run(*inputs)
 
 
